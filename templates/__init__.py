@@ -1,0 +1,1 @@
+"""Data shipped with dstk: config presets, sbatch and hostfile templates. Not code."""

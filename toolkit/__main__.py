@@ -1,0 +1,5 @@
+import sys
+
+from dstk.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per ``dstk`` subcommand; see ``dstk.cli`` for the protocol."""

@@ -1,0 +1,36 @@
+"""Exceptions that the CLI turns into exit codes.
+
+Library code raises these with a message that says what is wrong and a hint that says how
+to fix it; ``dstk.cli.main`` is the one place that prints them and picks the exit code.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_INVALID = 1  # the input was read and is wrong (an invalid config, a plan that does not fit)
+EXIT_USAGE = 2  # the command line is wrong or a path cannot be read
+
+
+class DstkError(Exception):
+    """A user-facing error: ``message`` says what is wrong, ``hint`` how to fix it."""
+
+    exit_code = EXIT_INVALID
+
+    def __init__(self, message: str, *, hint: str | None = None, location: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.location = location
+
+    def render(self) -> str:
+        where = f"{self.location}: " if self.location else ""
+        text = f"error: {where}{self.message}"
+        if self.hint:
+            text += f"\n  fix: {self.hint}"
+        return text
+
+
+class UsageError(DstkError):
+    """Bad command line or unreadable path (exit 2)."""
+
+    exit_code = EXIT_USAGE
