@@ -1,0 +1,129 @@
+"""The shared vocabulary of dstk: a parallel ``Layout`` and the ``Training`` settings it runs.
+
+The estimator, the planner, the renderers and the launcher all speak these types; only the
+renderers know DeepSpeed's or Megatron's key names. Pure data, no heavy imports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+Precision = Literal["bf16", "fp16", "fp32"]
+Offload = Literal["none", "cpu", "nvme"]
+Recompute = Literal["none", "selective", "full"]
+Optimizer = Literal["adamw", "adam", "sgd", "lion", "adafactor"]
+Attention = Literal["sdpa", "eager", "flash"]
+
+PRECISIONS: tuple[str, ...] = ("bf16", "fp16", "fp32")
+OFFLOADS: tuple[str, ...] = ("none", "cpu", "nvme")
+RECOMPUTES: tuple[str, ...] = ("none", "selective", "full")
+OPTIMIZERS: tuple[str, ...] = ("adamw", "adam", "sgd", "lion", "adafactor")
+ATTENTIONS: tuple[str, ...] = ("sdpa", "eager", "flash")
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Layout:
+    """One way to spread a training job over ``dp * tp * pp`` ranks."""
+
+    dp: int = 1
+    """Data-parallel degree (replicas, or ZeRO shards)."""
+    tp: int = 1
+    """Tensor-parallel degree (Megatron TP or DeepSpeed AutoTP), normally inside one node."""
+    pp: int = 1
+    """Pipeline-parallel stages."""
+    zero_stage: int = 0
+    """ZeRO stage 0-3 over the data-parallel group. DeepSpeed's pipeline engine allows 0 or 1."""
+    offload_optimizer: Offload = "none"
+    """Where optimizer states live: on the GPU ("none"), in CPU memory or on NVMe (ZeRO >= 1)."""
+    offload_params: Offload = "none"
+    """Where parameters live between uses (ZeRO-3 only)."""
+    micro_batch: int = 1
+    """Sequences per micro-batch per data-parallel rank."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step (the pipeline's micro-batch count when pp > 1)."""
+    recompute: Recompute = "none"
+    """Activation recomputation: none, selective (attention only) or full (every layer)."""
+    virtual_stages: int = 1
+    """Interleaved pipeline chunks per rank (Megatron's virtual pipeline); 1 = plain 1F1B."""
+    sequence_parallel: bool = False
+    """Megatron sequence parallelism over the TP group (needs tp > 1)."""
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "micro_batch", "grad_accum", "virtual_stages"):
+            _positive(name, getattr(self, name))
+        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
+            raise ValueError(f"zero_stage: expected 0, 1, 2 or 3, got {self.zero_stage!r}")
+        _choice("offload_optimizer", self.offload_optimizer, OFFLOADS)
+        _choice("offload_params", self.offload_params, OFFLOADS)
+        _choice("recompute", self.recompute, RECOMPUTES)
+        if self.offload_optimizer != "none" and self.zero_stage == 0:
+            raise ValueError("offload_optimizer: needs ZeRO stage 1, 2 or 3")
+        if self.offload_params != "none" and self.zero_stage != 3:
+            raise ValueError("offload_params: needs ZeRO stage 3")
+        if self.pp > 1 and self.zero_stage > 1:
+            raise ValueError("zero_stage: DeepSpeed's pipeline engine supports ZeRO 0 or 1 only (pp > 1)")
+        if self.virtual_stages > 1 and self.pp == 1:
+            raise ValueError("virtual_stages: interleaving needs pp > 1")
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("sequence_parallel: needs tp > 1")
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    @property
+    def global_batch(self) -> int:
+        """Sequences per optimizer step: micro_batch * grad_accum * dp."""
+        return self.micro_batch * self.grad_accum * self.dp
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Layout":
+        return cls(**data)
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Training:
+    """What one training step processes and with what numerics."""
+
+    seq_len: int
+    """Tokens per sequence."""
+    global_batch: int
+    """Sequences per optimizer step, over all data-parallel ranks."""
+    precision: Precision = "bf16"
+    """Compute precision; bf16/fp16 keep fp32 master weights and optimizer states."""
+    optimizer: Optimizer = "adamw"
+    """Optimizer family; decides the bytes of optimizer state per parameter."""
+    attention: Attention = "sdpa"
+    """Attention kernel: eager materialises the score matrix, sdpa/flash do not."""
+    num_tokens: int | None = None
+    """Token budget of the whole run, for a time-to-train figure; None when unknown."""
+
+    def __post_init__(self) -> None:
+        _positive("seq_len", self.seq_len)
+        _positive("global_batch", self.global_batch)
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("optimizer", self.optimizer, OPTIMIZERS)
+        _choice("attention", self.attention, ATTENTIONS)
+        if self.num_tokens is not None:
+            _positive("num_tokens", self.num_tokens)
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.seq_len * self.global_batch
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
