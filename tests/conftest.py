@@ -25,7 +25,7 @@ def _has_cuda_gpu() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
-    tiers = {"distributed", "gpu"}
+    tiers = {"distributed", "gpu", "slow"}
     have_gpu = None
     for item in items:
         names = {m.name for m in item.iter_markers()}
