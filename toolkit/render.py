@@ -1,0 +1,600 @@
+"""Render a plan into the files a run needs: DeepSpeed JSON (plain and for HF's Trainer),
+Megatron-LM arguments, ``plan.json`` and a short README.
+
+This is the only module that knows DeepSpeed's and Megatron's key names; everything else speaks
+of stages, degrees and bytes. Every function here is pure (data in, data out) except
+``write_run_dir``, which writes all files atomically, and ``write_presets``.
+
+    python -m dstk.render --write-presets     # regenerate templates/presets/ from this code
+    python -m dstk.render --check-presets     # exit 1 if they are out of date
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import tempfile
+from pathlib import Path
+
+from dstk.intent import TrainingIntent
+from dstk.layout import Layout
+
+AUTO = "auto"
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class ModelDims:
+    """What the Megatron renderer needs to know of a decoder (filled from ``dstk.models``)."""
+
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    ffn_hidden_size: int
+    vocab_size: int
+    max_position_embeddings: int | None = None
+    gated_mlp: bool = True
+    """SwiGLU-style gated MLP (Llama, Mistral, Qwen); False for GPT-2-style GELU MLPs."""
+    norm: str = "rmsnorm"
+    """rmsnorm or layernorm."""
+    rotary: bool = True
+    """Rotary position embeddings (else learned absolute positions)."""
+    tied_embeddings: bool = False
+    bias: bool = False
+    """Biases in the linear layers."""
+
+
+# --- DeepSpeed --------------------------------------------------------------------------------
+
+_DS_OPTIMIZER = {  # dstk name -> DeepSpeed/torch type name (case matters: torch names are looked up as is)
+    "adamw": "AdamW",
+    "adam": "Adam",
+    "sgd": "SGD",
+    "lion": "Lion",
+    "adafactor": "Adafactor",
+}
+# Optimizers DeepSpeed's ZeRO wrapper knows; others need zero_allow_untested_optimizer.
+_ZERO_TESTED = {"adamw", "adam", "lion"}
+
+
+def _optimizer_block(training: TrainingIntent, *, hf: bool, torch_adam: bool) -> dict:
+    name = training.optimizer
+    lr = AUTO if hf else training.lr
+    wd = AUTO if hf else training.weight_decay
+    params: dict = {"lr": lr}
+    if name in ("adamw", "adam"):
+        params.update(
+            betas=AUTO if hf else list(training.betas),
+            eps=AUTO if hf else training.eps,
+            weight_decay=wd,
+        )
+        if name == "adam":
+            params["adam_w_mode"] = False  # DeepSpeed's "Adam" is AdamW unless told otherwise
+        if torch_adam:
+            params["torch_adam"] = True  # no fused_adam CUDA/C++ build (CPU ranks)
+    elif name == "lion":
+        params.update(betas=AUTO if hf else [training.betas[0], 0.99], weight_decay=wd)
+    elif name == "sgd":
+        params.update(momentum=0.9, weight_decay=wd)
+    elif name == "adafactor":
+        params.update(weight_decay=wd)
+    return {"type": _DS_OPTIMIZER[name], "params": params}
+
+
+def _scheduler_block(training: TrainingIntent, *, hf: bool) -> dict:
+    """WarmupCosineLR / WarmupDecayLR / WarmupLR; DeepSpeed wants warmup_num_steps >= 1."""
+    total = training.steps
+    warmup = max(1, min(training.warmup_steps, total))
+    if training.schedule == "cosine":
+        params = {
+            "total_num_steps": AUTO if hf else total,
+            "warmup_num_steps": AUTO if hf else warmup,
+            "warmup_min_ratio": 0.0,
+            "cos_min_ratio": training.min_lr_ratio,
+            "warmup_type": "linear",
+        }
+        return {"type": "WarmupCosineLR", "params": params}
+    params = {
+        "warmup_min_lr": AUTO if hf else 0.0,
+        "warmup_max_lr": AUTO if hf else training.lr,
+        "warmup_num_steps": AUTO if hf else warmup,
+        "warmup_type": "linear",
+    }
+    if training.schedule == "linear":
+        params["total_num_steps"] = AUTO if hf else total
+        return {"type": "WarmupDecayLR", "params": params}
+    return {"type": "WarmupLR", "params": params}
+
+
+def _offload_block(device: str, *, nvme_path: str | None) -> dict:
+    block: dict = {"device": device, "pin_memory": True}
+    if device == "nvme":
+        block["nvme_path"] = nvme_path
+    return block
+
+
+def _zero_block(layout: Layout, *, hf: bool, nvme_path: str | None) -> dict:
+    zero: dict = {"stage": layout.zero_stage}
+    if layout.zero_stage >= 2:
+        zero.update(overlap_comm=True, contiguous_gradients=True)
+    if layout.zero_stage >= 1 and hf:
+        zero["reduce_bucket_size"] = AUTO  # HF fills hidden_size**2
+    if layout.offload_optimizer != "none":
+        zero["offload_optimizer"] = _offload_block(layout.offload_optimizer, nvme_path=nvme_path)
+    if layout.offload_params != "none":
+        zero["offload_param"] = _offload_block(layout.offload_params, nvme_path=nvme_path)
+    if layout.zero_stage == 3:
+        # Save a consolidated 16-bit checkpoint, so the result loads into HF without zero_to_fp32.
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+        if hf:
+            zero["stage3_prefetch_bucket_size"] = AUTO
+            zero["stage3_param_persistence_threshold"] = AUTO
+    return zero
+
+
+def ds_config(
+    *,
+    layout: Layout,
+    training: TrainingIntent,
+    hf: bool = False,
+    torch_adam: bool = False,
+    nvme_path: str | None = None,
+    world_independent: bool = False,
+) -> dict:
+    """The DeepSpeed config for ``layout``.
+
+    ``hf=True`` writes "auto" wherever transformers' Trainer fills the value from its
+    ``TrainingArguments`` (batch triad, clipping, optimizer and scheduler numbers, fp16/bf16,
+    ZeRO bucket sizes), so the two cannot disagree. ``world_independent=True`` leaves out
+    ``train_batch_size`` so DeepSpeed derives it as micro x accumulation x data-parallel size
+    (the presets). Recomputation itself is switched on by the training script
+    (``model.gradient_checkpointing_enable()``, or the pipeline's checkpoint interval).
+    """
+    if hf:
+        config: dict = {
+            "train_batch_size": AUTO,
+            "train_micro_batch_size_per_gpu": AUTO,
+            "gradient_accumulation_steps": AUTO,
+            "gradient_clipping": AUTO,
+        }
+    else:
+        config = {}
+        if not world_independent:
+            config["train_batch_size"] = layout.global_batch
+        config.update(
+            train_micro_batch_size_per_gpu=layout.micro_batch,
+            gradient_accumulation_steps=layout.grad_accum,
+            gradient_clipping=training.grad_clip,
+        )
+    if training.precision == "bf16":
+        config["bf16"] = {"enabled": AUTO if hf else True}
+    elif training.precision == "fp16":
+        config["fp16"] = {
+            "enabled": AUTO if hf else True,
+            "loss_scale": 0,  # dynamic
+            "initial_scale_power": 16,
+            "loss_scale_window": 1000,
+            "hysteresis": 2,
+            "min_loss_scale": 1,
+        }
+    config["zero_optimization"] = _zero_block(layout, hf=hf, nvme_path=nvme_path)
+    if layout.zero_stage >= 1 and training.optimizer not in _ZERO_TESTED:
+        config["zero_allow_untested_optimizer"] = True
+    config["optimizer"] = _optimizer_block(training, hf=hf, torch_adam=torch_adam)
+    config["scheduler"] = _scheduler_block(training, hf=hf)
+    if layout.recompute != "none":
+        config["activation_checkpointing"] = {
+            # Partitioning saved activations across the TP group only helps when there is one.
+            "partition_activations": layout.tp > 1,
+            "contiguous_memory_optimization": False,
+            "cpu_checkpointing": False,
+        }
+    if layout.pp > 1:
+        config["pipeline"] = {
+            "pipe_partitioned": layout.tp > 1,
+            "grad_partitioned": layout.tp > 1,
+            # Read by DeepSpeed's PipelineEngine: recompute every layer's forward in backward.
+            "activation_checkpoint_interval": 1 if layout.recompute == "full" else 0,
+        }
+    if layout.tp > 1:
+        config["tensor_parallel"] = {"autotp_size": layout.tp}
+    config["steps_per_print"] = 10
+    config["wall_clock_breakdown"] = False
+    return config
+
+
+# --- Megatron-LM ------------------------------------------------------------------------------
+
+
+def stage_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Layers per pipeline stage, as Megatron can express it: the middle stages even, the
+    remainder on the first and last (which also hold the embedding and the output layer, so
+    they get the fewer layers when the split is uneven).
+
+    >>> stage_layers(32, 4), stage_layers(30, 4), stage_layers(5, 2)
+    ((8, 8, 8, 8), (7, 8, 8, 7), (2, 3))
+    """
+    if num_stages < 1 or num_layers < num_stages:
+        raise ValueError(f"num_stages: cannot put {num_layers} layers on {num_stages} stages")
+    if num_layers % num_stages == 0:
+        return (num_layers // num_stages,) * num_stages
+    if num_stages == 2:
+        return (num_layers // 2, num_layers - num_layers // 2)
+    middle = -(-num_layers // num_stages)  # ceil
+    while True:
+        ends = num_layers - middle * (num_stages - 2)
+        if ends >= 2:
+            first = ends // 2
+            return (first,) + (middle,) * (num_stages - 2) + (ends - first,)
+        middle -= 1
+
+
+def megatron_args(*, layout: Layout, training: TrainingIntent, model: ModelDims) -> list[str]:
+    """Megatron-LM ``pretrain_gpt.py`` arguments for the same layout, one option per item."""
+    args: list[str] = []
+
+    def opt(name: str, value=None) -> None:
+        args.append(name if value is None else f"{name} {value}")
+
+    opt("--tensor-model-parallel-size", layout.tp)
+    opt("--pipeline-model-parallel-size", layout.pp)
+    if layout.pp > 1:
+        layers = stage_layers(model.num_layers, layout.pp)
+        if len(set(layers)) > 1:
+            opt("--decoder-first-pipeline-num-layers", layers[0])
+            opt("--decoder-last-pipeline-num-layers", layers[-1])
+    if layout.virtual_stages > 1:
+        opt("--num-layers-per-virtual-pipeline-stage", model.num_layers // (layout.pp * layout.virtual_stages))
+    if layout.sequence_parallel:
+        opt("--sequence-parallel")
+    opt("--micro-batch-size", layout.micro_batch)
+    opt("--global-batch-size", layout.global_batch)
+    if layout.recompute == "selective":
+        opt("--recompute-granularity", "selective")
+    elif layout.recompute == "full":
+        opt("--recompute-granularity", "full")
+        opt("--recompute-method", "uniform")
+        opt("--recompute-num-layers", 1)
+    if layout.zero_stage >= 1:
+        opt("--use-distributed-optimizer")  # Megatron's ZeRO-1: optimizer states sharded over DP
+    opt("--num-layers", model.num_layers)
+    opt("--hidden-size", model.hidden_size)
+    opt("--ffn-hidden-size", model.ffn_hidden_size)
+    opt("--num-attention-heads", model.num_heads)
+    if model.num_kv_heads != model.num_heads:
+        opt("--group-query-attention")
+        opt("--num-query-groups", model.num_kv_heads)
+    opt("--seq-length", training.seq_len)
+    opt("--max-position-embeddings", max(training.seq_len, model.max_position_embeddings or 0))
+    opt("--vocab-size", model.vocab_size)
+    if model.gated_mlp:
+        opt("--swiglu")
+    opt("--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm")
+    opt("--position-embedding-type", "rope" if model.rotary else "learned_absolute")
+    if not model.tied_embeddings:
+        opt("--untie-embeddings-and-output-weights")
+    if not model.bias:
+        opt("--disable-bias-linear")
+    if training.attention == "flash":
+        opt("--attention-backend", "flash")
+    if training.precision in ("bf16", "fp16"):
+        opt(f"--{training.precision}")
+    opt("--optimizer", "sgd" if training.optimizer == "sgd" else "adam")
+    opt("--lr", training.lr)
+    opt("--min-lr", training.lr * training.min_lr_ratio)
+    opt("--lr-decay-style", training.schedule)
+    opt("--lr-warmup-iters", max(1, min(training.warmup_steps, training.steps)))
+    opt("--train-iters", training.steps)
+    opt("--weight-decay", training.weight_decay)
+    opt("--clip-grad", training.grad_clip)
+    if training.optimizer in ("adamw", "adam"):
+        opt("--adam-beta1", training.betas[0])
+        opt("--adam-beta2", training.betas[1])
+        opt("--adam-eps", training.eps)
+    return args
+
+
+# --- the run directory ------------------------------------------------------------------------
+
+
+def run_readme(*, plan: dict, world_size: int, num_nodes: int, gpus_per_node: int, cpu: bool) -> str:
+    """A short README.md for a run directory: what the plan is and how to launch it."""
+    layout = plan["layout"]
+    gib = plan["memory"]["per_gpu"]["total_bytes"] / 2**30
+    step = plan["time"]["step_seconds"]
+    launcher = f"deepspeed --num_gpus {gpus_per_node}" if num_nodes == 1 else (
+        f"deepspeed --hostfile hostfile --num_nodes {num_nodes} --num_gpus {gpus_per_node} --master_addr FIRST_HOST"
+    )
+    kind = ", ".join(
+        part
+        for part in (
+            f"dp={layout['dp']}",
+            f"tp={layout['tp']}" if layout["tp"] > 1 else "",
+            f"pp={layout['pp']}" if layout["pp"] > 1 else "",
+            f"ZeRO-{layout['zero_stage']}",
+            f"optimizer offload to {layout['offload_optimizer']}" if layout["offload_optimizer"] != "none" else "",
+            f"parameter offload to {layout['offload_params']}" if layout["offload_params"] != "none" else "",
+            f"recompute={layout['recompute']}" if layout["recompute"] != "none" else "",
+        )
+        if part
+    )
+    why = "\n".join(f"- {line}" for line in plan.get("why", []))
+    notes = []
+    if layout["recompute"] != "none" and layout["pp"] == 1:
+        notes.append("- Recompute is on: call `model.gradient_checkpointing_enable()` (HF) before training.")
+    if layout["pp"] > 1:
+        notes.append(
+            f"- Pipeline: build a `deepspeed.pipe.PipelineModule` with `num_stages={layout['pp']}` "
+            "(`dstk.models.to_pipeline` does this for HF models) and call `engine.train_batch()`."
+        )
+    if cpu:
+        notes.append("- CPU ranks: DeepSpeed uses its CPU accelerator; use the gloo backend and bf16/fp32.")
+    notes_text = "\n".join(notes)
+    return f"""# dstk run: {plan.get('model', {}).get('name', 'model')} on {world_size} {'CPU ranks' if cpu else 'GPUs'}
+
+Layout: {kind}; micro-batch {layout['micro_batch']} x {layout['grad_accum']} accumulation steps
+x {layout['dp']} replicas = {layout['micro_batch'] * layout['grad_accum'] * layout['dp']} sequences per step.
+Predicted: {gib:.2f} GiB per GPU, {step:.3g} s per step.
+
+## Launch
+
+With dstk (reads this directory):
+
+    dstk launch .
+
+With DeepSpeed's runner and your own script (`deepspeed.initialize(config="ds_config.json", ...)`):
+
+    {launcher} train.py --deepspeed_config ds_config.json
+
+With transformers' Trainer: `TrainingArguments(deepspeed="ds_config.hf.json", ...)`; the "auto"
+values are filled from the TrainingArguments, so set batch size, accumulation, learning rate and
+precision there.
+
+With Megatron-LM (one argument per line in `megatron.args`):
+
+    torchrun --nproc_per_node {gpus_per_node} pretrain_gpt.py $(cat megatron.args) ...data and tokenizer args...
+
+{notes_text}
+
+## Why this layout
+
+{why}
+
+Files: `plan.json` (the plan, with the model, cluster and training it was made for),
+`ds_config.json`, `ds_config.hf.json`, `megatron.args`. Check any of them with `dstk validate`.
+"""
+
+
+def _dumps(data) -> str:
+    return json.dumps(data, indent=2) + "\n"
+
+
+def write_files(directory: str | os.PathLike, files: dict[str, str], *, force: bool) -> list[Path]:
+    """Write ``{name: text}`` into ``directory`` atomically, file by file (temp file + os.replace).
+
+    An existing non-empty directory is refused unless ``force``; nothing is written then."""
+    from dstk.errors import UsageError
+
+    out = Path(directory)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out} exists and is not a directory", hint="choose another --output")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UsageError(
+            f"{out} already exists and is not empty",
+            hint="choose another --output, or pass --force to overwrite the files dstk writes there",
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in files.items():
+        target = out / name
+        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        written.append(target)
+    return written
+
+
+def run_files(
+    *,
+    plan: dict,
+    layout: Layout,
+    training: TrainingIntent,
+    model: ModelDims,
+    num_nodes: int,
+    gpus_per_node: int,
+    cpu: bool,
+    nvme_path: str | None = None,
+) -> dict[str, str]:
+    """The text of every file in a run directory (see docs/contracts.md)."""
+    ds = ds_config(layout=layout, training=training, torch_adam=cpu, nvme_path=nvme_path)
+    hf = ds_config(layout=layout, training=training, hf=True, torch_adam=cpu, nvme_path=nvme_path)
+    return {
+        "plan.json": _dumps(plan),
+        "ds_config.json": _dumps(ds),
+        "ds_config.hf.json": _dumps(hf),
+        "megatron.args": "\n".join(megatron_args(layout=layout, training=training, model=model)) + "\n",
+        "README.md": run_readme(
+            plan=plan, world_size=layout.world_size, num_nodes=num_nodes, gpus_per_node=gpus_per_node, cpu=cpu
+        ),
+    }
+
+
+def read_megatron_args(text: str) -> list[str]:
+    """Split a ``megatron.args`` file back into argv items (the round trip of the renderer)."""
+    return [item for line in text.splitlines() if line.strip() for item in shlex.split(line)]
+
+
+# --- presets ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Preset:
+    name: str
+    """File stem under templates/presets/{deepspeed,hf}/."""
+    summary: str
+    """What it is for and when not to use it (the header users read)."""
+    layout: Layout
+    precision: str = "bf16"
+    nvme_path: str | None = None
+
+
+PRESETS: tuple[Preset, ...] = (
+    Preset(
+        name="zero0-bf16",
+        summary="Plain data parallelism (DDP-like). The fastest when the model, its gradients and "
+        "Adam states (16 bytes/param) fit on every GPU; not for models over ~1B on 24 GB GPUs.",
+        layout=Layout(zero_stage=0),
+    ),
+    Preset(
+        name="zero1-bf16",
+        summary="ZeRO-1: optimizer states sharded over data-parallel ranks; same communication as "
+        "plain DP. The default first step when plain DP runs out of memory.",
+        layout=Layout(zero_stage=1),
+    ),
+    Preset(
+        name="zero2-bf16",
+        summary="ZeRO-2: optimizer states and gradients sharded. Little extra communication; "
+        "use when ZeRO-1 does not fit. Not with pipeline parallelism.",
+        layout=Layout(zero_stage=2),
+    ),
+    Preset(
+        name="zero3-bf16",
+        summary="ZeRO-3: parameters sharded too, gathered layer by layer (1.5x the communication of "
+        "DP). For models that do not fit otherwise; across many nodes it is often slower than TP/PP.",
+        layout=Layout(zero_stage=3),
+    ),
+    Preset(
+        name="zero1-fp16",
+        summary="ZeRO-1 with fp16 and dynamic loss scaling, for GPUs without bf16 (V100, T4). "
+        "Prefer bf16 where the GPU has it; DeepSpeed's CPU accelerator has no fp16.",
+        layout=Layout(zero_stage=1),
+        precision="fp16",
+    ),
+    Preset(
+        name="zero2-fp32",
+        summary="ZeRO-2 in full fp32, for debugging numerics or CPU runs; 2-8x slower than bf16 on GPUs.",
+        layout=Layout(zero_stage=2),
+        precision="fp32",
+    ),
+    Preset(
+        name="zero2-offload-cpu",
+        summary="ZeRO-2 with the optimizer step on the CPU (ZeRO-Offload): frees ~12 bytes/param of "
+        "GPU memory; needs that much pinned CPU RAM; the step becomes CPU-bound.",
+        layout=Layout(zero_stage=2, offload_optimizer="cpu"),
+    ),
+    Preset(
+        name="zero3-offload-cpu",
+        summary="ZeRO-3 with optimizer states and parameters in CPU memory: trains models far larger "
+        "than GPU memory, slowly (PCIe-bound). A last resort before adding GPUs.",
+        layout=Layout(zero_stage=3, offload_optimizer="cpu", offload_params="cpu"),
+    ),
+    Preset(
+        name="zero3-offload-nvme",
+        summary="ZeRO-Infinity: optimizer states and parameters on local NVMe. Edit nvme_path to a fast "
+        "local NVMe mount (not a network file system). Slowest; for models that fit nowhere else.",
+        layout=Layout(zero_stage=3, offload_optimizer="nvme", offload_params="nvme"),
+        nvme_path="/local_nvme",
+    ),
+    Preset(
+        name="pipeline-pp2",
+        summary="DeepSpeed pipeline engine (1F1B), ZeRO-1 over the data-parallel group, 8 micro-batches "
+        "per step. Needs a PipelineModule (dstk.models.to_pipeline); ZeRO 2/3 are not allowed with it.",
+        layout=Layout(pp=2, zero_stage=1, grad_accum=8),
+    ),
+    Preset(
+        name="autotp2",
+        summary="DeepSpeed AutoTP training: tensor parallelism of degree 2 on an HF model, ZeRO-1 over "
+        "the rest. Keep TP inside a node; the degree must divide the attention and KV heads.",
+        layout=Layout(tp=2, zero_stage=1),
+    ),
+)
+
+PRESET_TRAINING = {
+    "lr": 2e-5,
+    "warmup_steps": 100,
+    "train_steps": 1000,
+    "weight_decay": 0.0,
+    "schedule": "cosine",
+}
+
+
+def preset_files() -> dict[str, str]:
+    """``{relative path: text}`` of every preset file under templates/presets/."""
+    files: dict[str, str] = {}
+    index = [
+        "# DeepSpeed presets\n",
+        "Generated by `python -m dstk.render --write-presets` from the same renderer as `dstk generate`;",
+        "do not edit by hand (a test checks they are up to date). `deepspeed/` files are for",
+        "`deepspeed.initialize` (the global batch is derived: micro x accumulation x data-parallel",
+        "ranks); `hf/` files are for transformers' Trainer, with \"auto\" where the Trainer fills values.",
+        "`dstk generate` writes a config sized for your model and cluster instead.\n",
+        "| preset | what it is for |",
+        "|---|---|",
+    ]
+    for preset in PRESETS:
+        training = TrainingIntent(precision=preset.precision, **PRESET_TRAINING)
+        for kind, hf in (("deepspeed", False), ("hf", True)):
+            config = ds_config(
+                layout=preset.layout, training=training, hf=hf, nvme_path=preset.nvme_path, world_independent=True
+            )
+            files[f"{kind}/{preset.name}.json"] = _dumps(config)
+        index.append(f"| `{preset.name}` | {preset.summary} |")
+    files["README.md"] = "\n".join(index) + "\n"
+    return files
+
+
+def presets_dir() -> Path:
+    return Path(__file__).resolve().parent.parent / "templates" / "presets"
+
+
+def write_presets(root: Path | None = None) -> list[Path]:
+    root = root or presets_dir()
+    written = []
+    for rel, text in preset_files().items():
+        target = root / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.replace(tmp, target)
+        written.append(target)
+    return written
+
+
+def stale_presets(root: Path | None = None) -> list[str]:
+    """Preset files that differ from what the renderer writes now (or are missing or extra)."""
+    root = root or presets_dir()
+    expected = preset_files()
+    found = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.name != "__init__.py"}
+    stale = [rel for rel, text in expected.items() if not (root / rel).is_file() or (root / rel).read_text() != text]
+    stale += sorted(found - set(expected))
+    return stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m dstk.render", description=__doc__.split("\n\n")[0])
+    group = parser.add_mutually_exclusive_group(required=True)
+    group.add_argument("--write-presets", action="store_true", help="regenerate templates/presets/")
+    group.add_argument("--check-presets", action="store_true", help="exit 1 if templates/presets/ is stale")
+    args = parser.parse_args(argv)
+    if args.write_presets:
+        for path in write_presets():
+            print(path)
+        return 0
+    stale = stale_presets()
+    for rel in stale:
+        print(f"stale: {rel}")
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
