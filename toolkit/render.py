@@ -149,7 +149,7 @@ def ds_config(
     ``TrainingArguments`` (batch triad, clipping, optimizer and scheduler numbers, fp16/bf16,
     ZeRO bucket sizes), so the two cannot disagree. ``world_independent=True`` leaves out
     ``train_batch_size`` so DeepSpeed derives it as micro x accumulation x data-parallel size
-    (the presets). Recomputation itself is switched on by the training script
+    (the presets, and AutoTP, see below). Recomputation itself is switched on by the training script
     (``model.gradient_checkpointing_enable()``, or the pipeline's checkpoint interval).
     """
     if hf:
@@ -161,7 +161,10 @@ def ds_config(
         }
     else:
         config = {}
-        if not world_independent:
+        # Under AutoTP, deepspeed.initialize checks the triad against *all* ranks (it passes no
+        # mpu to DeepSpeedConfig), while the engine's data-parallel size is world / tp: any
+        # train_batch_size counting real replicas fails. Leave it out and DeepSpeed derives it.
+        if not world_independent and layout.tp == 1:
             config["train_batch_size"] = layout.global_batch
         config.update(
             train_micro_batch_size_per_gpu=layout.micro_batch,
