@@ -284,20 +284,22 @@ def write_pictures(rep: dict, directory: str | Path, *, formats: tuple[str, ...]
         p, m = sch["num_stages"], sch["num_micro_batches"]
         makespan = max(s["end"] for s in sch["slots"])
         fig, ax = plt.subplots(figsize=(min(16, 2 + makespan / 3), 0.6 * p + 1.5))
-        ax.barh(range(p), [makespan] * p, left=0, color="#f4cccc", label="bubble (idle)")
+        from matplotlib.patches import Patch
+
+        ax.barh(range(p), [makespan] * p, left=0, color="#f4cccc")
         for s in sch["slots"]:
             color = "#6fa8dc" if s["kind"] == "F" else "#93c47d"
             ax.barh(s["stage"], s["end"] - s["start"], left=s["start"], color=color, edgecolor="white")
             if m <= 32:
                 ax.text((s["start"] + s["end"]) / 2, s["stage"], str(s["micro"]), ha="center", va="center",
                         fontsize=7)
-        ax.barh([], [], color="#6fa8dc", label="forward")
-        ax.barh([], [], color="#93c47d", label="backward")
         ax.set_yticks(range(p), [f"stage {i}" for i in range(p)])
         ax.invert_yaxis()
         ax.set_xlabel("time (forward passes)")
         ax.set_title(f"1F1B: {p} stages, {m} micro-batches, bubble {sch['bubble_fraction']:.0%} of ideal")
-        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize="small")
+        handles = [Patch(color=c, label=n) for c, n in
+                   (("#6fa8dc", "forward"), ("#93c47d", "backward"), ("#f4cccc", "bubble (idle)"))]
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize="small")
         fig.tight_layout()
         for fmt in formats:
             path = out / f"schedule.{fmt}"
