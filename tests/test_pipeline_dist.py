@@ -1,0 +1,135 @@
+"""HF models as DeepSpeed pipelines, checked against the HF models themselves on the real
+pipeline engine (gloo, CPU ranks). Each pipeline size starts its ranks once and checks every
+family (tests/pipeline_ranks.py); the tests below read what the ranks measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dist import run_ranks
+
+pytestmark = pytest.mark.distributed
+
+SCRIPT = Path(__file__).with_name("pipeline_ranks.py")
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gpt2", "gpt_neox", "opt"]
+PP4_FAMILIES = ["llama", "gpt2"]
+TIED = {"gemma", "gpt2", "opt"}
+LOSS_RTOL = 1e-5
+OUT_DIRS: dict[str, Path] = {}
+
+
+def _run(tmp_path_factory, mode: str, world_size: int, families: list[str]) -> list[dict]:
+    out = tmp_path_factory.mktemp(mode)
+    run_ranks(SCRIPT, mode, str(out), ",".join(families), world_size=world_size, timeout=300)
+    ranks = [json.loads((out / f"{mode}-rank{r}.json").read_text()) for r in range(world_size)]
+    assert all(set(r) == set(families) for r in ranks), "a rank skipped a family"
+    OUT_DIRS[mode] = out
+    return ranks
+
+
+@pytest.fixture(scope="module")
+def pp1(tmp_path_factory):
+    return _run(tmp_path_factory, "pp1", 1, FAMILIES)
+
+
+@pytest.fixture(scope="module")
+def pp2(tmp_path_factory):
+    return _run(tmp_path_factory, "pp2", 2, FAMILIES)
+
+
+@pytest.fixture(scope="module")
+def pp4(tmp_path_factory):
+    return _run(tmp_path_factory, "pp4", 4, PP4_FAMILIES)
+
+
+def _rel(a: float, b: float) -> float:
+    return abs(a - b) / abs(b)
+
+
+def _check_equal_to_hf(ranks: list[dict], family: str, num_stages: int) -> None:
+    last = ranks[-1][family]
+    for padded in (False, True):
+        loss, ref = last[f"loss_padded={padded}"]
+        assert _rel(loss, ref) <= LOSS_RTOL, f"{family} pp={num_stages} padded={padded}: {loss} vs HF {ref}"
+    for r, result in enumerate(ranks):
+        assert result[family]["grad_rel_err"] <= 1e-5, f"{family} pp={num_stages} rank {r} gradients differ"
+        assert len(result[family]["stages"]) == num_stages
+    # every parameter was compared somewhere (tied embeddings once per owning stage)
+    assert sum(r[family]["num_params_checked"] for r in ranks) >= ranks[0][family]["num_hf_params"]
+    if family in TIED and num_stages > 1:
+        assert last["tied_max_diff"] == 0.0, "tied embedding differs between first and last stage"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pp1_loss_and_grads_equal_hf(pp1, family):
+    _check_equal_to_hf(pp1, family, 1)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pp2_loss_and_grads_equal_hf(pp2, family):
+    _check_equal_to_hf(pp2, family, 2)
+
+
+@pytest.mark.parametrize("family", PP4_FAMILIES)
+def test_pp4_loss_and_grads_equal_hf(pp4, family):
+    _check_equal_to_hf(pp4, family, 4)
+    stages = pp4[0][family]["stages"]
+    assert [sum(n.startswith("layer.") for n in names) for names, _, _ in stages] == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_pp2_training_matches_deepspeed_on_unwrapped_model(pp1, pp2, family):
+    reference = pp1[0][family]["reference_losses"]
+    for r in pp2:
+        losses = r[family]["train_losses"]
+        assert len(losses) == len(reference) == 5
+        assert max(abs(a - b) for a, b in zip(losses, reference)) <= 1e-4, (losses, reference)
+
+
+@pytest.mark.parametrize("family", PP4_FAMILIES)
+def test_activation_checkpointing_gives_same_training(pp1, pp2, family):
+    for ranks in (pp1, pp2):
+        for r in ranks:
+            res = r[family]
+            assert res["checkpoint_calls"] > 0, "no block was checkpointed"
+            assert max(abs(a - b) for a, b in zip(res["train_losses_checkpointed"], res["train_losses"])) <= 1e-6
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_load_train_export_reload(pp2, family):
+    first, last = pp2[0][family], pp2[-1][family]
+    assert last["export_logits_max_diff"] <= 1e-5
+    assert "model.safetensors" in last["export_files"] and "config.json" in last["export_files"]
+    # each stage read only its own tensors: no tensor was read by both ranks, except the
+    # embedding matrix that the last stage of a tied model shares
+    both = set(first["tensors_read"]) & set(last["tensors_read"])
+    assert len(both) == (1 if family in TIED else 0), both
+    assert len(set(first["tensors_read"]) | set(last["tensors_read"])) >= 10
+    assert len(first["files_read"]) < first["num_files"] and len(last["files_read"]) < last["num_files"]
+
+
+@pytest.mark.parametrize("family", PP4_FAMILIES)
+def test_zero_checkpoint_export(pp1, family):
+    assert pp1[0][family]["zero_export_logits_max_diff"] <= 1e-6
+
+
+@pytest.mark.parametrize("family", ["gpt_neox", "gpt2"])
+def test_export_command_writes_what_the_library_writes(pp2, family, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from dstk.cli import main
+
+    work = OUT_DIRS["pp2"] / "work"
+    out = tmp_path / "cli-export"
+    code = main(["export", str(work / f"{family}-ckpt"), "--output", str(out), "--config", str(work / f"{family}-hf"),
+                 "--format", "json"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["kind"] == "pipeline" and report["tag_dir"].endswith("step1")
+    ours, library = load_file(out / "model.safetensors"), load_file(work / f"{family}-export" / "model.safetensors")
+    assert sorted(ours) == sorted(library) and all((ours[k] == library[k]).all() for k in ours)
+    if family == "gpt_neox":  # transformers' own checkpoint names, as the hub has them
+        assert "embed_out.weight" in ours

@@ -1,0 +1,43 @@
+"""``dstk export``: a DeepSpeed checkpoint (pipeline or ZeRO) back to an HF directory."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+
+HELP = "write a DeepSpeed pipeline or ZeRO checkpoint as an HF directory that from_pretrained loads"
+DESCRIPTION = (
+    "Read the checkpoint DeepSpeed's save_checkpoint wrote (the tag named in CHECKPOINT_DIR/latest unless --tag "
+    "is given): per-layer files of a dstk pipeline, or a ZeRO checkpoint of the unwrapped HF model. Write "
+    "config.json and safetensors into --output, which must be new or empty. The HF architecture comes from "
+    "--config, or from a config.json in the checkpoint directory. Exit 0 on success, 1 when the checkpoint does "
+    "not match the architecture, 2 on usage errors."
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint_dir", metavar="CHECKPOINT_DIR", help="directory given to save_checkpoint")
+    parser.add_argument("--output", "-o", required=True, metavar="HF_DIR", help="new HF directory to write")
+    parser.add_argument("--config", metavar="HF_DIR|CONFIG_JSON",
+                        help="the HF model the training started from (default: config.json beside the checkpoint)")
+    parser.add_argument("--tag", help="checkpoint tag (subdirectory); default: the one in CHECKPOINT_DIR/latest")
+    parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="dtype to save in (default: as saved)")
+    parser.add_argument("--format", choices=["human", "json"], default="human")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dstk.pipeline.export import export_hf
+
+    # DeepSpeed's logger (imported by transformers) writes to stdout; keep stdout for the report.
+    with contextlib.redirect_stdout(sys.stderr):
+        result = export_hf(args.checkpoint_dir, args.output, config=args.config, tag=args.tag, dtype=args.dtype)
+    if args.format == "json":
+        json.dump({"output_dir": str(result.output_dir), "kind": result.kind, "tag_dir": str(result.tag_dir),
+                   "num_tensors": result.num_tensors, "num_params": result.num_params}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(f"exported {result.kind} checkpoint {result.tag_dir} -> {result.output_dir} "
+              f"({result.num_tensors} tensors, {result.num_params:,} parameters)")
+    return 0
