@@ -1,0 +1,52 @@
+"""Phi-3 (``Phi3ForCausalLM``): Llama-shaped but with fused projections, ``qkv_proj``
+(``hidden -> (heads + 2 kv_heads) * head_dim``) and ``gate_up_proj`` (``hidden -> 2 ffn``), no
+biases. Source: Abdin et al. 2024; tensor list as in ``transformers/models/phi3/modeling_phi3.py``."""
+
+from __future__ import annotations
+
+from dstk.models.spec import ModelSpec, first, linear, norm
+
+FAMILY = "phi3"
+HF_ARCHITECTURE = "Phi3ForCausalLM"
+MODULES = {
+    "embed": "model.embed_tokens",
+    "layers": "model.layers",
+    "final_norm": "model.norm",
+    "lm_head": "lm_head",
+    "attention": ("self_attn.qkv_proj", "self_attn.o_proj"),
+    "mlp": ("mlp.gate_up_proj", "mlp.down_proj"),
+    "norms": ("input_layernorm", "post_attention_layernorm"),
+}
+
+
+def _phi3(h, layers, heads, kv, ffn, positions=4096):
+    return {"model_type": FAMILY, "hidden_size": h, "num_hidden_layers": layers, "num_attention_heads": heads,
+            "num_key_value_heads": kv, "intermediate_size": ffn, "vocab_size": 32064,
+            "max_position_embeddings": positions, "tie_word_embeddings": False}
+
+
+PRESETS = {
+    "phi-3-mini": _phi3(3072, 32, 32, 32, 8192),
+    "phi-3-medium": _phi3(5120, 40, 40, 10, 17920),
+}
+
+
+def read(cfg: dict, *, name: str) -> ModelSpec:
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    kv = first(cfg, "num_key_value_heads", default=heads)
+    head_dim = first(cfg, "head_dim", default=h // heads)
+    ffn, vocab = cfg["intermediate_size"], cfg["vocab_size"]
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    layer = (norm(h, bias=False) + linear(h, (heads + 2 * kv) * head_dim, False) + linear(heads * head_dim, h, False)
+             + norm(h, bias=False) + linear(h, 2 * ffn, False) + linear(ffn, h, False))
+    return ModelSpec(
+        name=name, family=FAMILY, num_layers=cfg["num_hidden_layers"], hidden_size=h, num_heads=heads,
+        num_kv_heads=kv, head_dim=head_dim, vocab_size=vocab, ffn_hidden_size=ffn,
+        seq_len=cfg.get("max_position_embeddings"), tied_embeddings=tied, gated_mlp=True, norm="rmsnorm",
+        embedding_tensors=(vocab * h,), layer_tensors=layer, final_tensors=norm(h, bias=False),
+        lm_head_tensors=() if tied else linear(h, vocab, False), hf_config=dict(cfg),
+    )
+
+
+def hf_config(spec: ModelSpec) -> dict:
+    return dict(spec.hf_config)

@@ -1,0 +1,149 @@
+"""``ModelSpec``: what the estimator and the planner know of a decoder-only transformer.
+
+A spec is built from the list of parameter tensors of one model, part by part (input embedding,
+one transformer layer, final norm, lm_head), so the parameter count is exact by construction:
+each family file lists the tensors its HF module creates, and ``tests/test_models.py`` checks the
+sum against the real transformers model built on the meta device. No torch here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Literal
+
+Norm = Literal["rmsnorm", "layernorm"]
+
+
+def linear(fan_in: int, fan_out: int, bias: bool) -> tuple[int, ...]:
+    """Tensor sizes of ``nn.Linear(fan_in, fan_out, bias)``: weight, then bias."""
+    return (fan_in * fan_out, fan_out) if bias else (fan_in * fan_out,)
+
+
+def norm(width: int, *, bias: bool) -> tuple[int, ...]:
+    """Tensor sizes of a LayerNorm (weight + bias) or an RMSNorm (weight only)."""
+    return (width, width) if bias else (width,)
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class ModelSpec:
+    """A decoder-only transformer: dimensions and the exact sizes of its parameter tensors."""
+
+    name: str
+    """Preset slug, config path or ``generic``."""
+    family: str
+    """HF ``model_type`` (``llama``, ``gpt2``, ...) or ``generic``."""
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    """Key/value heads (== num_heads without grouped-query attention; 1 for multi-query)."""
+    head_dim: int
+    vocab_size: int
+    ffn_hidden_size: int
+    """MLP inner width (per expert for MoE)."""
+    seq_len: int | None = None
+    """Longest sequence the model was built for (``max_position_embeddings``); None if unknown."""
+    tied_embeddings: bool = False
+    gated_mlp: bool = True
+    """SwiGLU/GeGLU (three matrices) rather than a plain two-matrix MLP."""
+    norm: Norm = "rmsnorm"
+    num_experts: int = 1
+    """Experts per MoE layer; 1 for a dense model."""
+    experts_per_token: int = 1
+    embedding_tensors: tuple[int, ...]
+    """Sizes of the first stage's tensors before layer 0 (token and position embeddings, ...)."""
+    layer_tensors: tuple[int, ...]
+    """Sizes of the tensors of one transformer layer (all experts)."""
+    expert_tensors: tuple[int, ...] = ()
+    """Sizes of the tensors of one expert (a subset of ``layer_tensors``); empty when dense."""
+    final_tensors: tuple[int, ...] = ()
+    """Sizes of the last stage's tensors after the last layer, without the lm_head."""
+    lm_head_tensors: tuple[int, ...] = ()
+    """Sizes of the output projection's tensors; empty when tied to the input embedding."""
+    hf_config: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
+    """The HF ``config.json`` keys that build the real transformers model (``model_type`` first)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "vocab_size",
+                     "ffn_hidden_size", "num_experts", "experts_per_token"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads: {self.num_kv_heads} does not divide num_heads {self.num_heads}")
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"experts_per_token: {self.experts_per_token} > num_experts {self.num_experts}")
+
+    # --- counts (exact) ---------------------------------------------------------------------------
+
+    @property
+    def embedding_params(self) -> int:
+        return sum(self.embedding_tensors)
+
+    @property
+    def layer_params(self) -> int:
+        return sum(self.layer_tensors)
+
+    @property
+    def final_params(self) -> int:
+        return sum(self.final_tensors)
+
+    @property
+    def lm_head_params(self) -> int:
+        return sum(self.lm_head_tensors)
+
+    @property
+    def num_params(self) -> int:
+        """Unique parameters (a tied lm_head counts once, as ``model.parameters()`` does)."""
+        return self.embedding_params + self.num_layers * self.layer_params + self.final_params + self.lm_head_params
+
+    @property
+    def layer_active_params(self) -> int:
+        """Parameters one token passes through in a layer: all but the unrouted experts."""
+        unused = (self.num_experts - self.experts_per_token) * sum(self.expert_tensors)
+        return self.layer_params - unused
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters used per token (== num_params for a dense model; Mixtral 8x7B: ~12.9B of 46.7B)."""
+        return self.num_params - self.num_layers * (self.layer_params - self.layer_active_params)
+
+    @property
+    def num_tensors(self) -> int:
+        return (len(self.embedding_tensors) + self.num_layers * len(self.layer_tensors)
+                + len(self.final_tensors) + len(self.lm_head_tensors))
+
+    @property
+    def largest_tensor(self) -> int:
+        return max(self.embedding_tensors + self.layer_tensors + self.final_tensors + self.lm_head_tensors)
+
+    @property
+    def attention_width(self) -> int:
+        """Width of the query projection output, ``num_heads * head_dim`` (may differ from hidden)."""
+        return self.num_heads * self.head_dim
+
+    def describe(self) -> str:
+        def short(n: int) -> str:
+            return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+        moe = f", {short(self.num_active_params)} active" if self.num_experts > 1 else ""
+        return f"{self.name} ({self.family}): {short(self.num_params)} params{moe}"
+
+    @classmethod
+    def generic(cls, *, num_layers: int, hidden_size: int, num_heads: int, vocab_size: int,
+                ffn_hidden_size: int | None = None, num_kv_heads: int | None = None,
+                seq_len: int | None = None) -> "ModelSpec":
+        """A Llama-architecture decoder from its dimensions (see ``dstk.models.generic``)."""
+        from dstk.models import generic
+
+        return generic.build(num_layers=num_layers, hidden_size=hidden_size, num_heads=num_heads,
+                             vocab_size=vocab_size, ffn_hidden_size=ffn_hidden_size,
+                             num_kv_heads=num_kv_heads, seq_len=seq_len)
+
+
+def first(cfg: dict, *keys: str, default=None):
+    """The value of the first key present in an HF config (families renamed keys over time)."""
+    for key in keys:
+        if cfg.get(key) is not None:
+            return cfg[key]
+    return default
