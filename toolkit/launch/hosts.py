@@ -1,0 +1,159 @@
+"""Hosts: the hostfile, ``--hosts h1:8,h2:8`` and the runner's ``--include``/``--exclude`` filters.
+
+The deepspeed runner reads a hostfile line by line with the regex ``^(\\S+)\\s+slots=(\\d+)``,
+skips blank and ``#`` lines, ignores anything after the match and refuses duplicates
+(deepspeed/launcher/runner.py, 0.19.8). dstk is stricter where the runner is silent: host names
+must be plain DNS names or IPv4 addresses (they end up in ssh, pdsh and shell commands), slots
+must be positive, and trailing text other than a comment is reported. Every problem is a
+``Finding`` with its line number, all of them reported together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from dstk.errors import DstkError
+from dstk.findings import Finding
+
+# A DNS name (labels of letters, digits, '-', '_' separated by '.') or an IPv4 address. No
+# spaces, quotes, ';', '$', '@' or ':' -- those would break the runner's NODE_SPEC syntax or
+# a shell command line.
+_HOST_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9_])?")
+_LINE_RE = re.compile(r"^(\S+)\s+slots=(\S+)(.*)$")
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Host:
+    name: str
+    """Host name or IPv4 address, as ssh and the runner see it."""
+    num_slots: int
+    """Ranks (GPUs, or CPU ranks on a CPU-only machine) to start on this host."""
+    line: int | None = None
+    """1-based line in the hostfile it came from, when it came from one."""
+
+    def __post_init__(self) -> None:
+        if not is_valid_hostname(self.name):
+            raise ValueError(f"name: not a valid host name: {self.name!r}")
+        if not isinstance(self.num_slots, int) or isinstance(self.num_slots, bool) or self.num_slots < 1:
+            raise ValueError(f"num_slots: expected a positive integer, got {self.num_slots!r}")
+
+
+def is_valid_hostname(name: str) -> bool:
+    return bool(_HOST_RE.fullmatch(name)) and ".." not in name
+
+
+def _finding(code: str, line: int, message: str, hint: str) -> Finding:
+    return Finding(severity="error", code=code, line=line, message=message, hint=hint)
+
+
+def check_hostfile(text: str) -> tuple[list[Host], list[Finding]]:
+    """Parse hostfile text; return the hosts in rank order and every problem found (with line numbers)."""
+    hosts: list[Host] = []
+    findings: list[Finding] = []
+    first_line: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _LINE_RE.match(line)
+        if m is None:
+            findings.append(_finding("HF001", number, f"bad entry {line!r}: expected 'HOST slots=N'",
+                                     "write one host per line as 'worker-0 slots=8' (no spaces around '=')"))
+            continue
+        name, slots_text, rest = m.group(1), m.group(2), m.group(3).strip()
+        ok = True
+        if not is_valid_hostname(name):
+            findings.append(_finding("HF002", number, f"host name {name!r} is not a plain DNS name or IPv4 address",
+                                     "use letters, digits, '.', '-' and '_' only"))
+            ok = False
+        if not slots_text.isdigit() or int(slots_text) < 1:
+            findings.append(_finding("HF003", number, f"slots={slots_text}: expected a positive integer",
+                                     "give the number of GPUs on the host, e.g. slots=8"))
+            ok = False
+        if rest and not rest.startswith("#"):
+            findings.append(Finding(severity="warning", code="HF004", line=number,
+                                    message=f"text after the slot count is ignored by the deepspeed runner: {rest!r}",
+                                    hint="remove it, or turn it into a '# comment'"))
+        if name in first_line:
+            findings.append(_finding("HF005", number, f"host {name!r} is listed twice (first on line {first_line[name]})",
+                                     "list each host once; the runner refuses duplicates"))
+            continue
+        first_line[name] = number
+        if ok:
+            hosts.append(Host(name=name, num_slots=int(slots_text), line=number))
+    if not hosts and not findings:
+        findings.append(_finding("HF006", 1, "the hostfile lists no hosts", "add lines like 'worker-0 slots=8'"))
+    return hosts, findings
+
+
+def parse_hosts_flag(value: str) -> list[Host]:
+    """``h1:8,h2:8`` -> hosts in that order (the ``--hosts`` flag)."""
+    hosts: list[Host] = []
+    seen: set[str] = set()
+    for item in value.split(","):
+        item = item.strip()
+        name, sep, slots = item.rpartition(":")
+        if not sep or not name or not slots.isdigit() or int(slots) < 1:
+            raise DstkError(f"--hosts: bad entry {item!r}: expected HOST:SLOTS", hint="e.g. --hosts worker-0:8,worker-1:8")
+        if not is_valid_hostname(name):
+            raise DstkError(f"--hosts: {name!r} is not a plain DNS name or IPv4 address",
+                            hint="use letters, digits, '.', '-' and '_' only")
+        if name in seen:
+            raise DstkError(f"--hosts: host {name!r} is listed twice", hint="list each host once")
+        seen.add(name)
+        hosts.append(Host(name=name, num_slots=int(slots)))
+    return hosts
+
+
+def render_hostfile(hosts: list[Host] | tuple[Host, ...]) -> str:
+    return "".join(f"{h.name} slots={h.num_slots}\n" for h in hosts)
+
+
+def parse_filter(spec: str, flag: str) -> dict[str, list[int] | None]:
+    """``NAME[:SLOT[,SLOT...]][@NAME...]`` -> {name: slots or None for the whole host}."""
+    out: dict[str, list[int] | None] = {}
+    for node in spec.split("@"):
+        name, sep, slots = node.partition(":")
+        if not is_valid_hostname(name):
+            raise DstkError(f"{flag} {spec!r}: {name!r} is not a host name", hint="the syntax is NAME[:SLOT,SLOT][@NAME...]")
+        if sep:
+            try:
+                ids = sorted({int(s) for s in slots.split(",")})
+            except ValueError:
+                raise DstkError(f"{flag} {spec!r}: slots must be integers, got {slots!r}",
+                                hint="e.g. worker-0:0,1") from None
+            out[name] = ids
+        else:
+            out[name] = None
+    return out
+
+
+def apply_filters(hosts: list[Host] | tuple[Host, ...], *, include: str = "", exclude: str = "") -> dict[str, list[int]]:
+    """What the runner will use: {host: slot ids}, in hostfile order, as ``parse_inclusion_exclusion`` does."""
+    if include and exclude:
+        raise DstkError("--include and --exclude cannot be combined", hint="use one of them")
+    pool = {h.name: list(range(h.num_slots)) for h in hosts}
+    spec, flag = (include, "--include") if include else (exclude, "--exclude")
+    if not spec:
+        return pool
+    wanted = parse_filter(spec, flag)
+    for name, ids in wanted.items():
+        if name not in pool:
+            raise DstkError(f"{flag}: host {name!r} is not in the host list", hint=f"hosts are: {', '.join(pool)}")
+        for i in ids or []:
+            if i not in pool[name]:
+                raise DstkError(f"{flag}: host {name!r} has no slot {i}",
+                                hint=f"{name} has slots 0..{len(pool[name]) - 1}")
+    if include:
+        return {n: (wanted[n] if wanted[n] is not None else pool[n]) for n in pool if n in wanted}
+    out = {}
+    for n, ids in pool.items():
+        if n in wanted:
+            if wanted[n] is None:
+                continue
+            ids = [i for i in ids if i not in wanted[n]]
+            if not ids:
+                continue
+        out[n] = ids
+    return out

@@ -1,0 +1,67 @@
+"""Stale op-build locks in the torch extensions cache.
+
+DeepSpeed builds its C++ ops (``deepspeed_shm_comm`` on CPU, ``fused_adam``, ...) just in time
+with ``torch.utils.cpp_extension``, which guards each build directory with a ``lock`` file
+(``torch.utils.file_baton.FileBaton``): the builder creates it with ``O_CREAT | O_EXCL``, keeps
+the descriptor open while it builds, and deletes it at the end. A build killed half-way leaves
+the file behind and every later start waits for it forever, silently. A lock that no live
+process holds open is stale; this module finds those, without importing torch.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+
+from dstk.errors import DstkError
+
+
+def extensions_root(environ=os.environ) -> Path:
+    """Where torch builds extensions: ``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``."""
+    root = environ.get("TORCH_EXTENSIONS_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "torch_extensions"
+
+
+def _open_files() -> set[str]:
+    """Every file some process we can see holds open (Linux /proc; empty elsewhere)."""
+    held: set[str] = set()
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return held
+    for pid_dir in proc.iterdir():
+        if not pid_dir.name.isdigit():
+            continue
+        try:
+            for fd in (pid_dir / "fd").iterdir():
+                try:
+                    held.add(os.readlink(fd))
+                except OSError:
+                    continue
+        except OSError:  # gone, or another user's process
+            continue
+    return held
+
+
+def find_stale_locks(root: Path | None = None) -> list[Path]:
+    """Lock files under ``root`` that no live process holds open."""
+    root = extensions_root() if root is None else Path(root)
+    if not root.is_dir():
+        return []
+    locks = sorted({*root.glob("*/lock"), *root.glob("*/*/lock")})
+    if not locks:
+        return []
+    held = _open_files()
+    return [p for p in locks if str(p.resolve()) not in held and str(p) not in held]
+
+
+def check_op_locks(root: Path | None = None) -> None:
+    """Raise a ``DstkError`` saying how to clear stale locks, instead of letting the launch hang."""
+    stale = find_stale_locks(root)
+    if stale:
+        listed = " ".join(str(p) for p in stale)
+        raise DstkError(
+            f"stale op-build lock(s) in the torch extensions cache, left by a build that was killed: {listed}; "
+            "DeepSpeed would wait for them forever",
+            hint=f"no process holds them open, so remove them: {shlex.join(['rm', *map(str, stale)])} "
+                 "(the op is rebuilt on the next start)")

@@ -1,0 +1,181 @@
+"""Run a ``LaunchPlan``: write its files, start the runner, stream its output, judge the outcome.
+
+The runner's exit code is not enough: it exits 0 when its child was killed by a signal
+(``if result.returncode > 0``, deepspeed/launcher/runner.py 0.19.8). Each rank's wrapper
+(``dstk.launch.rank``) prints a report line when its rank ends; a launch succeeds only when the
+runner exited 0 *and* every rank reported exit code 0.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from dstk.launch.command import REPORT_TAG, LaunchPlan, LaunchSpec, check_pdsh_words, plan_launch
+from dstk.launch.locks import check_op_locks
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class RankExit:
+    rank: int | None
+    """Global rank (``None`` when the wrapper could not tell)."""
+    returncode: int
+    """The script's exit code; ``-N`` when killed by signal ``N``."""
+    host: str = ""
+    stopped: bool = False
+    """The rank was stopped by the launcher (SIGTERM/SIGINT), normally because another rank failed."""
+
+    def describe(self) -> str:
+        who = f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
+        if self.returncode == 0:
+            return f"{who} finished"
+        if self.returncode < 0:
+            try:
+                name = signal.Signals(-self.returncode).name
+            except ValueError:
+                name = f"signal {-self.returncode}"
+            text = f"{who} was killed by {name} (signal {-self.returncode})"
+            return text + (", sent by the launcher after another rank failed" if self.stopped else "")
+        return f"{who} exited with code {self.returncode}"
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class LaunchResult:
+    returncode: int
+    """What ``dstk launch`` exits with: 0, the failed rank's code, or 128 + signal (shell convention)."""
+    runner_returncode: int
+    ranks: tuple[RankExit, ...]
+    """Reports in the order they arrived."""
+    missing_ranks: tuple[int, ...]
+    """Ranks that never reported (their wrapper was killed, or they never started)."""
+    messages: tuple[str, ...]
+    """One line per problem, first failure first."""
+
+
+def parse_report(line: str) -> RankExit | None:
+    if not line.startswith(REPORT_TAG):
+        return None
+    try:
+        data = json.loads(line[len(REPORT_TAG):])
+        return RankExit(rank=data.get("rank"), returncode=int(data["returncode"]),
+                        host=str(data.get("host", "")), stopped=bool(data.get("stopped")))
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _exit_code(code: int) -> int:
+    return code if code > 0 else 128 + (-code) if code < 0 else 1
+
+
+def judge(*, runner_returncode: int, ranks: list[RankExit], world_size: int, expect_reports: bool) -> LaunchResult:
+    """Pure: the launch's outcome from the runner's exit code and the ranks' reports."""
+    failed = [r for r in ranks if r.returncode != 0]
+    # The culprit is the first failure that was not the launcher stopping a rank.
+    failed.sort(key=lambda r: r.stopped)
+    seen = {r.rank for r in ranks}
+    missing = tuple(i for i in range(world_size) if i not in seen) if expect_reports else ()
+    messages = [r.describe() for r in failed]
+    messages += [f"rank {i} did not report how it ended (its process was killed, or it never started)" for i in missing]
+    if runner_returncode != 0 and not failed:
+        messages.append(f"the runner exited with code {runner_returncode}")
+    if failed:
+        code = _exit_code(failed[0].returncode)
+    elif missing or runner_returncode != 0:
+        code = _exit_code(runner_returncode)
+    else:
+        code = 0
+    return LaunchResult(returncode=code, runner_returncode=runner_returncode, ranks=tuple(ranks),
+                        missing_ranks=missing, messages=tuple(messages))
+
+
+def write_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write via a temp file in the same directory and ``os.replace``: never a half-written file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _default_sink(stream: str, line: str) -> None:
+    out = sys.stdout if stream == "stdout" else sys.stderr
+    out.write(line)
+    out.flush()
+
+
+def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
+             sink: Callable[[str, str], None] = _default_sink, check_locks: bool = True) -> LaunchResult:
+    """Write the plan's files, run its command, stream output through ``sink(stream, line)``."""
+    if check_locks:
+        check_op_locks()
+    for path, text in plan.files.items():
+        write_atomic(path, text)
+    env = {**os.environ, **plan.env, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(plan.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    reports: list[RankExit] = []
+    lock = threading.Lock()
+
+    def pump(src, stream: str) -> None:
+        for raw in iter(src.readline, b""):
+            line = raw.decode("utf-8", errors="replace")
+            report = parse_report(line)
+            with lock:
+                if report is not None:
+                    reports.append(report)
+                else:
+                    sink(stream, line)
+        src.close()
+
+    threads = [threading.Thread(target=pump, args=(proc.stdout, "stdout"), daemon=True),
+               threading.Thread(target=pump, args=(proc.stderr, "stderr"), daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        proc.wait()
+    except KeyboardInterrupt:
+        # The runner and launch.py stop their ranks on SIGINT; give them time, then kill.
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        raise
+    finally:
+        for t in threads:
+            t.join(timeout=10)
+    return judge(runner_returncode=proc.returncode, ranks=reports, world_size=world_size,
+                 expect_reports=expect_reports)
+
+
+def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_sink) -> int:
+    """Run ``spec``: rank-prefixed output through ``sink``; non-zero when any rank failed or was killed.
+
+    Returns the exit code of ``LaunchResult``; the problems go to ``sink("stderr", ...)``."""
+    plan = plan_launch(spec)
+    if spec.launcher == "pdsh" and spec.hosts and spec.node_rank is None:
+        check_pdsh_words([os.getcwd()])  # pdsh runs `cd <cwd>;` on every node, unquoted
+    # With node_rank set only this node's ranks report here.
+    expected = spec.world_size if spec.node_rank is None else 0
+    result = run_plan(plan, world_size=expected, expect_reports=spec.prefix_output, sink=sink)
+    if spec.node_rank is not None and spec.prefix_output and len(result.ranks) < spec.gpus_per_node:
+        lost = spec.gpus_per_node - len(result.ranks)
+        result = dataclasses.replace(result, returncode=result.returncode or 1,
+                                     messages=result.messages + (f"{lost} rank(s) of this node did not report how they ended",))
+    for message in result.messages:
+        sink("stderr", f"dstk: {message}\n")
+    return result.returncode
