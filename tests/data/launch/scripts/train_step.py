@@ -1,0 +1,33 @@
+"""One real DeepSpeed training step on this rank (CPU, gloo): started by `dstk launch` in tests."""
+
+import argparse
+import os
+
+import deepspeed
+import torch
+import torch.distributed as dist
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--local_rank", type=int, default=0)
+parser.add_argument("--deepspeed_config", required=True)
+args = parser.parse_args()
+
+deepspeed.init_distributed(dist_backend="gloo")
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=args.deepspeed_config)
+torch.manual_seed(1 + dist.get_rank())
+x, y = torch.randn(4, 8), torch.randn(4, 1)
+before = [p.detach().clone() for p in engine.module.parameters()]
+loss = torch.nn.functional.mse_loss(engine(x), y)
+engine.backward(loss)
+engine.step()
+changed = any(not torch.equal(a, b) for a, b in zip(before, engine.module.parameters()))
+# Data parallel: after the step every rank holds the same weights.
+flat = torch.cat([p.detach().flatten() for p in engine.module.parameters()])
+gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
+dist.all_gather(gathered, flat)
+same = all(torch.equal(gathered[0], g) for g in gathered)
+print(f"STEP rank={dist.get_rank()} world={dist.get_world_size()} node={os.environ.get('CROSS_RANK')} "
+      f"loss={loss.item():.6f} changed={changed} same={same}", flush=True)
+dist.destroy_process_group()

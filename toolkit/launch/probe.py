@@ -1,0 +1,47 @@
+"""What one host has: ``python -m dstk.launch.probe`` prints one JSON object.
+
+Run locally and, over ssh, on every host of a hostfile by ``dstk doctor``; each field is
+``None`` when unknown (not ``-1``), with the reason under ``errors``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import sys
+
+
+def probe() -> dict:
+    info: dict = {"host": socket.gethostname(), "python": platform.python_version(), "executable": sys.executable,
+                  "torch": None, "deepspeed": None, "cuda": None, "nccl": None, "accelerator": None,
+                  "num_devices": None, "device_name": None, "num_cpus": os.cpu_count(), "errors": []}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["cuda"] = torch.version.cuda
+        if torch.cuda.is_available():
+            info["num_devices"] = torch.cuda.device_count()
+            info["device_name"] = torch.cuda.get_device_name(0)
+            info["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+    except Exception as exc:  # report, do not crash: this is a diagnosis tool
+        info["errors"].append(f"torch: {type(exc).__name__}: {exc}")
+    try:
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
+
+        info["deepspeed"] = deepspeed.__version__
+        accel = get_accelerator()
+        info["accelerator"] = accel.device_name()
+        info["backend"] = accel.communication_backend_name()
+        if info["num_devices"] is None:
+            info["num_devices"] = accel.device_count()
+    except Exception as exc:
+        info["errors"].append(f"deepspeed: {type(exc).__name__}: {exc}")
+    return info
+
+
+if __name__ == "__main__":
+    print(json.dumps(probe()))
