@@ -1,0 +1,108 @@
+"""One rank of the model-state check: build a tiny real HF model, ``deepspeed.initialize`` it
+with the ZeRO stage / precision / offload given on the command line, and print (rank 0, one JSON
+line) the bytes of every unique tensor storage this rank holds after initialize and after the
+first optimizer step. Started by ``tests/test_estimate_deepspeed.py`` through ``tests/dist.py``."""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+
+import deepspeed
+import torch
+import transformers
+
+BUCKET = 50_000  # elements: small buckets so they do not dwarf a tiny model (passed to the estimator too)
+
+
+def storages(roots) -> dict[int, tuple[int, str]]:
+    """data_ptr -> (bytes, dtype) of every live tensor storage: all tensors the garbage collector
+    tracks, plus what hangs off ``roots`` (grads and attributes held only from C++ would be
+    missed by gc alone)."""
+    seen: dict[int, tuple[int, str]] = {}
+    visited: set[int] = set()
+
+    def add(t: torch.Tensor) -> None:
+        if t.device.type == "meta":
+            return
+        s = t.untyped_storage()
+        if s.nbytes():
+            seen[s.data_ptr()] = (s.nbytes(), str(t.dtype))
+
+    def walk(obj, depth: int) -> None:
+        if depth > 6 or id(obj) in visited:
+            return
+        visited.add(id(obj))
+        if isinstance(obj, torch.Tensor):
+            add(obj)
+            if obj.grad is not None:
+                add(obj.grad)
+            for name in ("ds_tensor",):
+                if hasattr(obj, name):
+                    walk(getattr(obj, name), depth + 1)
+            return
+        if isinstance(obj, dict):
+            for v in list(obj.values()):
+                walk(v, depth + 1)
+        elif isinstance(obj, (list, tuple, set)):
+            for v in list(obj):
+                walk(v, depth + 1)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            for v in list(vars(obj).values()):
+                walk(v, depth + 1)
+
+    for obj in gc.get_objects():
+        if isinstance(obj, torch.Tensor):
+            walk(obj, 0)
+    for root in roots:
+        walk(root, 0)
+    return seen
+
+
+def main() -> None:
+    family, stage, precision, offload = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    deepspeed.init_distributed(dist_backend="gloo")
+    cfg = json.loads(sys.argv[5])
+    keys = dict(cfg)
+    config = transformers.AutoConfig.for_model(keys.pop("model_type"), **keys)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    zero = {"stage": stage, "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET}
+    if stage == 3:
+        zero.update(stage3_prefetch_bucket_size=BUCKET, stage3_param_persistence_threshold=1000,
+                    stage3_max_live_parameters=BUCKET)
+    if offload != "none":
+        zero["offload_optimizer"] = {"device": offload}
+    ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": zero,
+          "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
+          "gradient_clipping": 1.0, "steps_per_print": 10**9}
+    if precision == "bf16":
+        ds["bf16"] = {"enabled": True}
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+    gc.collect()
+    after_init = storages([engine, engine.optimizer])
+    ids = torch.randint(0, cfg["vocab_size"], (1, 16))
+    loss = engine(input_ids=ids, labels=ids).loss
+    engine.backward(loss)
+    del loss
+    gc.collect()
+    after_backward = storages([engine, engine.optimizer])
+    engine.step()
+    gc.collect()
+    after_step = storages([engine, engine.optimizer])
+    if engine.global_rank == 0:
+        def summary(s):
+            by_dtype: dict[str, int] = {}
+            for nbytes, dtype in s.values():
+                by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
+            return {"total_bytes": sum(b for b, _ in s.values()), "by_dtype": by_dtype,
+                    "largest": sorted((b for b, _ in s.values()), reverse=True)[:12]}
+        print("RESULT " + json.dumps({"init": summary(after_init), "backward": summary(after_backward),
+                                        "step": summary(after_step)}), flush=True)
+    torch.distributed.barrier()
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,34 @@
+"""``dstk gpus``: the hardware catalog (GPUs and inter-node networks)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+
+HELP = "list the GPUs and networks the estimator knows (override them with --hardware FILE)"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hardware", metavar="FILE", help="YAML/JSON file adding or changing entries")
+    parser.add_argument("--format", choices=["human", "json"], default="human")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dstk.hardware import GPUS, INTERCONNECTS, load_catalog
+
+    gpus, nets = load_catalog(args.hardware) if args.hardware else (GPUS, INTERCONNECTS)
+    if args.format == "json":
+        print(json.dumps({"gpus": [dataclasses.asdict(g) for g in gpus.values()],
+                          "interconnects": [dataclasses.asdict(n) for n in nets.values()]}, indent=2))
+        return 0
+    print(f"{'gpu':<11} {'memory':>9} {'bf16 TF':>8} {'fp32 TF':>8} {'link GB/s':>9} {'achievable':>10}  name")
+    for g in gpus.values():
+        bf16 = "-" if g.bf16_flops is None else f"{g.bf16_flops / 1e12:.0f}"
+        print(f"{g.slug:<11} {g.memory_bytes / 2**30:>6.1f} GiB {bf16:>8} {g.fp32_flops / 1e12:>8.1f} "
+              f"{g.intra_node_bytes_per_s / 1e9:>9.0f} {g.achievable_fraction:>10.0%}  {g.name}")
+    print()
+    print(f"{'network':<11} {'GB/s/node':>9} {'latency':>9} {'efficiency':>10}  name")
+    for n in nets.values():
+        print(f"{n.slug:<11} {n.node_bytes_per_s / 1e9:>9.0f} {n.latency_s * 1e6:>7.0f}us {n.efficiency:>10.0%}  {n.name}")
+    return 0

@@ -1,0 +1,380 @@
+"""``estimate(model=, layout=, training=, cluster=)``: memory per GPU and step time of one layout.
+
+Pure arithmetic (no torch): the planner calls it for thousands of layouts, so the quantities
+that depend on the model alone are computed once per model (``_model_facts``) and one estimate
+is a few hundred float operations. The formulas live in ``dstk.estimate.memory`` and
+``dstk.estimate.timing``, each with its source; docs/estimate.md collects them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dstk.estimate import memory as mem
+from dstk.estimate import timing as tm
+from dstk.layout import Layout, Training
+
+__all__ = ["Estimate", "MemoryBreakdown", "Memory", "Time", "ZeroBuffers", "estimate", "SOURCES"]
+
+ZeroBuffers = mem.ZeroBuffers
+
+SOURCES = {
+    "params_bytes": "ZeRO (Rajbhandari et al. 2020) §5.1, as DeepSpeed 0.19.8 allocates it",
+    "grads_bytes": "DeepSpeed 0.19.8 stage_1_and_2.py / stage3.py / bf16_optimizer.py",
+    "optimizer_bytes": "fp32 master + K fp32 states (Adam K=2), sharded by ZeRO >= 1",
+    "activations_bytes": "Korthikanti et al. 2022 Table 2, re-derived for HF modules; 1F1B in flight",
+    "buffers_bytes": "DeepSpeed ZeRO buckets / ZeRO-3 live params / pipeline send-recv buffers",
+    "overhead_bytes": "CUDA context, NCCL and allocator (hardware catalog input)",
+    "compute_seconds": "6N + 12LHQT FLOPs per token (PaLM App. B) at the GPU's achievable peak",
+    "comm_seconds": "ring collectives, 2(n-1)/n S (NCCL PERFORMANCE.md); ZeRO-3 1.5x (ZeRO §7)",
+    "bubble_fraction": "(p-1)/(m v) (Narayanan et al. 2021 §2.2)",
+}
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class MemoryBreakdown:
+    """Bytes on one GPU of one pipeline stage. ``activations_bytes`` is None when unknown
+    (a model given by its parameter count alone)."""
+
+    stage: int
+    num_layers: int
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    activations_bytes: int | None
+    buffers_bytes: int
+    overhead_bytes: int
+
+    @property
+    def model_states_bytes(self) -> int:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.model_states_bytes + (self.activations_bytes or 0) + self.buffers_bytes + self.overhead_bytes
+
+    def to_dict(self) -> dict:
+        return {"stage": self.stage, "num_layers": self.num_layers, "params_bytes": self.params_bytes,
+                "grads_bytes": self.grads_bytes, "optimizer_bytes": self.optimizer_bytes,
+                "activations_bytes": self.activations_bytes, "buffers_bytes": self.buffers_bytes,
+                "overhead_bytes": self.overhead_bytes, "total_bytes": self.total_bytes}
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Memory:
+    per_gpu: MemoryBreakdown
+    """The fullest stage: what must fit on every GPU."""
+    per_stage: tuple[MemoryBreakdown, ...]
+    cpu_bytes: int
+    """Host memory per GPU rank under offload."""
+    nvme_bytes: int
+
+    def to_dict(self) -> dict:
+        per_gpu = self.per_gpu.to_dict()
+        del per_gpu["stage"], per_gpu["num_layers"]
+        return {"per_gpu": per_gpu, "per_stage": [s.to_dict() for s in self.per_stage],
+                "cpu_bytes": self.cpu_bytes, "nvme_bytes": self.nvme_bytes}
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Time:
+    step_seconds: float
+    compute_seconds: float
+    """Pipeline compute of all micro-batches on the slowest stage (TP collectives included)."""
+    comm_seconds: float
+    """Exposed (not overlapped) data-parallel, pipeline and offload communication."""
+    comm: dict
+    """Seconds per kind, before overlap: dp, zero3_gather, tp, pp, offload."""
+    bubble_seconds: float
+    bubble_fraction: float
+    tokens_per_second: float
+    tflops_per_gpu: float
+    """Model TFLOP/s per GPU (no recompute counted)."""
+    mfu: float
+    hfu: float
+    model_flops_per_step: float
+    time_to_train_seconds: float | None
+
+    def to_dict(self) -> dict:
+        return {"step_seconds": self.step_seconds, "tokens_per_second": self.tokens_per_second,
+                "tflops_per_gpu": self.tflops_per_gpu, "mfu": self.mfu, "hfu": self.hfu,
+                "compute_seconds": self.compute_seconds, "comm_seconds": self.comm_seconds,
+                "comm": dict(self.comm), "bubble_seconds": self.bubble_seconds,
+                "bubble_fraction": self.bubble_fraction, "model_flops_per_step": self.model_flops_per_step,
+                "time_to_train_seconds": self.time_to_train_seconds}
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Estimate:
+    memory: Memory
+    time: Time
+    layout: Layout
+    training: Training
+    model: Any
+    cluster: Any
+
+    def to_dict(self) -> dict:
+        model = self.model
+        return {
+            "memory": self.memory.to_dict(),
+            "time": self.time.to_dict(),
+            "layout": self.layout.to_dict(),
+            "training": self.training.to_dict(),
+            "model": {"name": getattr(model, "name", None), "family": getattr(model, "family", None),
+                      "num_params": model if isinstance(model, int) else model.num_params,
+                      "num_active_params": model if isinstance(model, int) else model.num_active_params},
+            "cluster": self.cluster.to_dict(),
+        }
+
+
+# --- per-model facts, computed once -----------------------------------------------------------
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class _Facts:
+    """Element counts of a model split into what TP shards and what it replicates."""
+
+    layers: int
+    layer_sharded: int
+    layer_replicated: int
+    layer_matmul_active: int
+    layer_persistent: tuple[int, ...]
+    """Tensor sizes of a layer, kept to apply ZeRO-3's persistence threshold after TP."""
+    embed: int
+    embed_tensors: tuple[int, ...]
+    final: int
+    lm_head: int
+    head_matmul: int
+    tied: bool
+    largest_tensor: int
+    hidden: int
+    vocab: int
+    shape: mem.LayerShape | None
+    attention_width: int
+
+
+_CACHE: dict[int, tuple[Any, _Facts]] = {}
+
+
+def _model_facts(model) -> _Facts:
+    hit = _CACHE.get(id(model))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    if isinstance(model, int):
+        facts = _Facts(layers=1, layer_sharded=model, layer_replicated=0, layer_matmul_active=model,
+                       layer_persistent=(), embed=0, embed_tensors=(), final=0, lm_head=0, head_matmul=0,
+                       tied=False, largest_tensor=0, hidden=1, vocab=0, shape=None, attention_width=0)
+    else:
+        h = model.hidden_size
+        # Norm weights and biases of width h (or head_dim for QK-norm) are replicated by TP; every
+        # matrix (and column-parallel bias) is sharded.
+        small = {h, model.head_dim}
+        replicated = sum(t for t in model.layer_tensors if t in small)
+        active = model.layer_active_params - replicated
+        facts = _Facts(
+            layers=model.num_layers, layer_sharded=model.layer_params - replicated, layer_replicated=replicated,
+            layer_matmul_active=active, layer_persistent=model.layer_tensors,
+            embed=model.embedding_params, embed_tensors=model.embedding_tensors, final=model.final_params,
+            lm_head=model.lm_head_params, head_matmul=model.vocab_size * h, tied=model.tied_embeddings,
+            largest_tensor=model.largest_tensor, hidden=h, vocab=model.vocab_size,
+            shape=mem.LayerShape(hidden=h, q_width=model.attention_width, kv_width=model.num_kv_heads * model.head_dim,
+                                 ffn=model.ffn_hidden_size * model.experts_per_token, heads=model.num_heads,
+                                 gated=model.gated_mlp, rmsnorm=model.norm == "rmsnorm",
+                                 grouped=model.num_kv_heads < model.num_heads),
+            attention_width=model.attention_width,
+        )
+    if len(_CACHE) > 256:
+        _CACHE.clear()
+    _CACHE[id(model)] = (model, facts)
+    return facts
+
+
+def stage_layers(num_layers: int, pp: int) -> list[int]:
+    """Layers per stage: an even split, the remainder on the first stages (the embedding is
+    small next to a layer for most models; DeepSpeed's ``partition_method="parameters"`` differs
+    by at most one layer)."""
+    base, extra = divmod(num_layers, pp)
+    return [base + (1 if i < extra else 0) for i in range(pp)]
+
+
+def _bandwidth(*, group: int, stride: int, cluster) -> tuple[float, float]:
+    """(bytes/s per GPU, latency) of a collective over ``group`` ranks spaced ``stride`` apart
+    (ranks are numbered TP fastest, then DP, then PP, as Megatron and DeepSpeed's topology do):
+    inside one node it runs on the intra-node link; across nodes each GPU gets its share of the
+    node's NICs."""
+    gpu = cluster.gpu
+    intra = gpu.intra_node_bytes_per_s * gpu.intra_node_efficiency
+    if group * stride <= cluster.gpus_per_node or cluster.num_nodes == 1:
+        return intra, 5e-6
+    net = cluster.interconnect
+    if net is None:
+        from dstk.hardware import get_interconnect
+
+        net = get_interconnect("ib-ndr")
+    per_gpu = net.node_bytes_per_s * net.efficiency / min(cluster.gpus_per_node, cluster.world_size)
+    return min(intra, per_gpu), net.latency_s
+
+
+def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem.ZeroBuffers | None = None) -> Estimate:
+    """Memory per GPU (per stage) and step time of ``layout`` for ``model`` on ``cluster``.
+
+    ``model`` is a ``dstk.models.ModelSpec``, or an ``int`` parameter count (model states only:
+    activations are None and per-layer quantities are approximated as one layer).
+    ``buffers`` are DeepSpeed's bucket settings (default: DeepSpeed's defaults).
+    """
+    if layout.world_size != cluster.world_size:
+        raise ValueError(f"layout: dp*tp*pp = {layout.world_size} but the cluster has {cluster.world_size} GPUs")
+    buffers = buffers or _DEFAULT_BUFFERS
+    f = _model_facts(model)
+    known = f.shape is not None
+    tp, pp, dp = layout.tp, layout.pp, layout.dp
+    w = mem.param_bytes(training.precision)
+    gpu = cluster.gpu
+    peak = gpu.peak_flops(training.precision)
+    tokens_mb = layout.micro_batch * training.seq_len
+    m = layout.grad_accum
+    threshold = buffers.param_persistence_threshold
+
+    layer_elems = f.layer_sharded / tp + f.layer_replicated
+    layer_persistent = sum(t for t in f.layer_persistent if (t if t in (f.hidden,) else t / tp) < threshold) \
+        if layout.zero_stage == 3 else 0
+    per_layer_act = full_layer_act = 0.0
+    if known:
+        shape = f.shape if tp == 1 else dataclasses.replace(
+            f.shape, q_width=f.shape.q_width // tp, kv_width=max(1, f.shape.kv_width // tp),
+            ffn=f.shape.ffn // tp, heads=max(1, f.shape.heads // tp))
+        sp = tp if layout.sequence_parallel else 1
+        kw = dict(shape=shape, tokens=tokens_mb, seq_len=training.seq_len, act_bytes=w,
+                  attention=training.attention, sequence_parallel_tp=sp)
+        per_layer_act = mem.layer_activation_bytes(recompute=layout.recompute, **kw)
+        if layout.recompute == "full":
+            full_layer_act = mem.layer_activation_bytes(recompute="none", **kw)
+
+    stages = []
+    cpu_total = nvme_total = 0.0
+    worst_time = 0.0
+    fwd_layer_flops = 2.0 * f.layer_matmul_active + 4.0 * training.seq_len * f.attention_width
+    counts = stage_layers(f.layers, pp)
+    for i, n in enumerate(counts):
+        first, last = i == 0, i == pp - 1
+        params = n * layer_elems
+        persistent = n * layer_persistent
+        if first:
+            params += f.embed / tp
+        if last:
+            params += f.final + f.lm_head / tp
+            if f.tied and pp > 1:
+                params += f.embed_tensors[0] / tp  # the tied weight lives on both ends (TiedLayerSpec)
+        states = mem.model_states(params=params, persistent=persistent, precision=training.precision,
+                                  optimizer=training.optimizer, zero_stage=layout.zero_stage, dp=dp,
+                                  offload_optimizer=layout.offload_optimizer, offload_params=layout.offload_params,
+                                  state_elements=mem.adafactor_state_elements(params, f.hidden)
+                                  if training.optimizer == "adafactor" else None)
+        buf = mem.reduce_bucket_bytes(zero_stage=layout.zero_stage, precision=training.precision, params=params,
+                                      buffers=buffers)
+        buf += mem.live_param_bytes(zero_stage=layout.zero_stage, precision=training.precision, params=params,
+                                    largest_module=f.largest_tensor / tp, buffers=buffers)
+        buf += mem.pipeline_buffer_bytes(pp=pp, tokens=tokens_mb, hidden=f.hidden, act_bytes=w)
+        act = None
+        if known:
+            held = mem.in_flight_microbatches(pp=pp, stage=i, grad_accum=m, virtual_stages=layout.virtual_stages)
+            act = n * per_layer_act * held + full_layer_act
+            if first:
+                act += 8.0 * tokens_mb * held  # input ids (int64) kept by the embedding's backward
+            if last:
+                act += mem.logits_bytes(tokens=tokens_mb, vocab=f.vocab, act_bytes=w, tp=tp)
+                act += tokens_mb * f.hidden * (4 + w if f.shape.rmsnorm else w)  # final norm
+        stages.append(MemoryBreakdown(
+            stage=i, num_layers=n, params_bytes=int(states.params_bytes),
+            grads_bytes=int(states.grads_bytes + states.step_grads_bytes),
+            optimizer_bytes=int(states.optimizer_bytes), activations_bytes=None if act is None else int(act),
+            buffers_bytes=int(buf), overhead_bytes=int(gpu.overhead_bytes)))
+        cpu_total = max(cpu_total, states.cpu_bytes)
+        nvme_total = max(nvme_total, states.nvme_bytes)
+        stage_flops = n * fwd_layer_flops + (2.0 * f.head_matmul if last else 0.0)
+        worst_time = max(worst_time, stage_flops)
+
+    # --- time -------------------------------------------------------------------------------
+    tokens_step = layout.global_batch * training.seq_len
+    fwd_token = f.layers * fwd_layer_flops + 2.0 * f.head_matmul
+    attn_fwd = tm.attention_forward_flops_per_token(num_layers=f.layers, seq_len=training.seq_len,
+                                                     attention_width=f.attention_width)
+    model_flops_token, hw_flops_token = tm.training_flops(forward=fwd_token, attention_forward=attn_fwd,
+                                                          recompute=layout.recompute)
+    achievable = peak * gpu.achievable_fraction
+    # One micro-batch on the slowest stage, forward + backward (+ recompute), sharded by TP.
+    recompute_factor = hw_flops_token / model_flops_token
+    mb_compute = 3.0 * worst_time * recompute_factor * tokens_mb / tp / achievable
+    tp_seconds = pp_seconds = 0.0
+    if tp > 1:
+        bw, lat = _bandwidth(group=tp, stride=1, cluster=cluster)
+        per_layer = tm.tp_allreduce_bytes_per_layer(tokens=tokens_mb, hidden=f.hidden, act_bytes=w,
+                                                    recompute=layout.recompute)
+        count = 6 if layout.recompute == "full" else 4
+        tp_seconds = max(counts) * tm.ring_allreduce_seconds(nbytes=per_layer / count, ranks=tp, bandwidth=bw,
+                                                             latency=lat) * count
+    if pp > 1:
+        bw, lat = _bandwidth(group=2, stride=tp * dp, cluster=cluster)
+        # Activations forward and gradients backward cross each boundary once per micro-batch;
+        # interleaving crosses v times as many boundaries (Narayanan et al. 2021 §2.2.2).
+        pp_seconds = 2 * layout.virtual_stages * (tokens_mb * f.hidden * w / tp / bw + lat)
+    stage_mb = mb_compute + tp_seconds + pp_seconds
+    compute = m * stage_mb
+    bubble_frac = tm.bubble_fraction(pp=pp, microbatches=m, virtual_stages=layout.virtual_stages)
+    bubble = bubble_frac * compute
+
+    # Data parallel: gradients (and ZeRO-3's parameter gathers) over the DP group.
+    worst = max(stages, key=lambda s: s.params_bytes + s.grads_bytes)
+    stage_params = (worst.num_layers * layer_elems + (f.embed / tp if worst.stage == 0 else 0)
+                    + ((f.final + f.lm_head / tp) if worst.stage == pp - 1 else 0))
+    grad_bytes = w * stage_params
+    dp_seconds = gather_seconds = offload_seconds = 0.0
+    if dp > 1:
+        bw, lat = _bandwidth(group=dp, stride=tp, cluster=cluster)
+        if layout.zero_stage == 3:
+            # Per micro-batch: gather the parameters for forward and for backward, reduce-scatter
+            # the gradients (ZeRO §7: 3 Psi per step instead of 2 Psi).
+            gather_seconds = m * 2 * tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
+            dp_seconds = m * tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
+        elif layout.zero_stage == 2:
+            # DeepSpeed's stage 2 reduce-scatters in every micro-step (it keeps only a gradient
+            # partition), then all-gathers the updated parameters once.
+            dp_seconds = (m + 1) * tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
+        else:
+            dp_seconds = tm.ring_allreduce_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
+    if layout.offload_optimizer != "none" or layout.offload_params != "none":
+        shard = stage_params / (dp if layout.zero_stage else 1)
+        # fp32 gradients down, bf16 parameters up over PCIe, and the CPU optimizer's update.
+        offload_seconds = (4 + w) * shard / gpu.host_bytes_per_s + shard / cluster.cpu_adam_params_per_s
+        if layout.offload_params != "none":
+            offload_seconds += m * 2 * w * shard * dp / gpu.host_bytes_per_s
+    # Overlap: ZeRO-2/3 (overlap_comm) hide reduction behind backward (2/3 of compute) and ZeRO-3
+    # prefetch hides gathers behind forward and backward; ZeRO 0/1 reduce after backward.
+    backward = compute * 2.0 / 3.0
+    if layout.zero_stage >= 2:
+        exposed_dp = max(0.0, dp_seconds - backward)
+        exposed_gather = max(0.0, gather_seconds - (compute - min(dp_seconds, backward)))
+    else:
+        exposed_dp, exposed_gather = dp_seconds, 0.0
+    comm = exposed_dp + exposed_gather + offload_seconds
+    step = compute + bubble + comm
+    world = cluster.world_size
+    model_flops_step = model_flops_token * tokens_step
+    tps = tokens_step / step if step > 0 else 0.0
+    achieved = model_flops_step / step / world if step > 0 else 0.0
+    time = Time(
+        step_seconds=step, compute_seconds=compute, comm_seconds=comm,
+        comm={"dp": dp_seconds, "zero3_gather": gather_seconds, "tp": m * tp_seconds, "pp": m * pp_seconds,
+              "offload": offload_seconds},
+        bubble_seconds=bubble, bubble_fraction=bubble_frac, tokens_per_second=tps,
+        tflops_per_gpu=achieved / 1e12, mfu=achieved / peak, hfu=achieved * recompute_factor / peak,
+        model_flops_per_step=model_flops_step,
+        time_to_train_seconds=training.num_tokens / tps if training.num_tokens and tps else None,
+    )
+    per_gpu = max(stages, key=lambda s: s.total_bytes)
+    memory = Memory(per_gpu=per_gpu, per_stage=tuple(stages), cpu_bytes=int(cpu_total), nvme_bytes=int(nvme_total))
+    return Estimate(memory=memory, time=time, layout=layout, training=training, model=model, cluster=cluster)
+
+
+_DEFAULT_BUFFERS = mem.ZeroBuffers()

@@ -1,0 +1,237 @@
+"""Per-GPU memory: model states, DeepSpeed's buffers and activations, as small pure functions.
+
+Model states follow what DeepSpeed 0.19.8 allocates (checked against the live tensor storages of
+real ranks in ``tests/test_estimate_deepspeed.py``), which is not quite the ZeRO paper's
+``2 + 2 + 12`` bytes per parameter; each function says where it differs. Element counts are
+per GPU (already divided by TP and PP); bytes out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+OPTIMIZER_STATES = {"adamw": 2.0, "adam": 2.0, "sgd": 1.0, "lion": 1.0, "adafactor": 0.0}
+"""fp32 state tensors per parameter: Adam/AdamW keep exp_avg and exp_avg_sq (Kingma & Ba 2015),
+SGD with momentum and Lion one momentum buffer (Chen et al. 2023). Adafactor's factored second
+moment is ``rows + cols`` per matrix, counted separately by ``adafactor_state_elements``."""
+
+
+def param_bytes(precision: str) -> int:
+    """Bytes of one compute parameter: 2 for bf16/fp16, 4 for fp32."""
+    return 4 if precision == "fp32" else 2
+
+
+def adafactor_state_elements(params: float, hidden_size: int) -> float:
+    """Adafactor without momentum keeps a row and a column accumulator per matrix (Shazeer & Stern
+    2018): ``(rows + cols) / (rows * cols)`` of the matrix, ~``2 / hidden`` of the parameters."""
+    return 2.0 * params / hidden_size
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class ModelStates:
+    """Bytes of parameters, gradients and optimizer states on one GPU, and what offload moves out.
+
+    ``grads_bytes`` is what is held after backward; ``step_grads_bytes`` the fp32 gradient
+    partition DeepSpeed creates inside ``step()`` on top of it (part of the peak, not of the
+    steady state); ``optimizer_bytes`` = fp32 master + states."""
+
+    params_bytes: float
+    grads_bytes: float
+    step_grads_bytes: float = 0.0
+    master_bytes: float = 0.0
+    states_bytes: float = 0.0
+    cpu_bytes: float = 0.0
+    nvme_bytes: float = 0.0
+
+    @property
+    def optimizer_bytes(self) -> float:
+        return self.master_bytes + self.states_bytes
+
+
+def model_states(*, params: float, persistent: float, precision: str, optimizer: str, zero_stage: int, dp: int,
+                 offload_optimizer: str = "none", offload_params: str = "none",
+                 state_elements: float | None = None) -> ModelStates:
+    """Model-state bytes on one GPU under DeepSpeed's ZeRO (Rajbhandari et al. 2020, §5.1), as
+    DeepSpeed 0.19.8 actually holds them (measured: ``tests/test_estimate_deepspeed.py``).
+
+    ``params`` are this GPU's elements before ZeRO sharding; ``persistent`` (ZeRO-3) the elements
+    of tensors under ``stage3_param_persistence_threshold``, kept whole on every rank after the
+    first gather. With ``w`` = 2 (bf16/fp16) or 4 (fp32), ``K`` = fp32 optimizer state tensors
+    per parameter (Adam: 2) and ``n`` = dp:
+
+    - ZeRO-0, fp32: ``4P`` params, ``4P`` grads, ``4K P`` states (a plain torch optimizer).
+    - ZeRO-0, bf16/fp16: DeepSpeed's ``BF16_Optimizer``/``FP16_Optimizer`` keep an fp32 master of
+      every tensor, unsharded, and create the states at initialize: ``wP`` params, ``wP`` grads,
+      ``(4 + 4K) P`` optimizer. (The paper's DP baseline is the same 16 bytes/param.)
+    - ZeRO-1 and ZeRO-2 hold the same in 0.19.8 (both reduce into a gradient partition): a flat
+      ``wP`` parameter buffer, a ``wP/n`` gradient partition, and an fp32 master partition that is
+      a *clone* even in fp32 (``single_partition_of_fp32_groups``), so fp32 ZeRO pays ``4P/n``
+      beyond the paper's ``K P/n``; states ``4K P/n``; the step adds a ``4P/n`` fp32 gradient.
+      The paper's ZeRO-1 keeps full gradients (``2P``); DeepSpeed does not.
+    - ZeRO-3: a ``wP/n`` parameter partition, ``w * persistent`` whole, a ``wP/n`` gradient
+      partition buffer allocated at initialize, master and states as above, ``4P/n`` at the step.
+
+    Offload (ZeRO-Offload, Ren et al. 2021): master, states and the fp32 gradient partition move
+    to CPU (master + states to NVMe with ``nvme``); offloaded parameters leave only ZeRO-3's
+    gathered working set on the GPU (counted in buffers).
+    """
+    w = param_bytes(precision)
+    k = OPTIMIZER_STATES[optimizer] if state_elements is None else state_elements / max(params, 1)
+    if zero_stage == 0:
+        if w == 2:
+            return ModelStates(params_bytes=w * params, grads_bytes=w * params, master_bytes=4 * params,
+                               states_bytes=4 * k * params)
+        return ModelStates(params_bytes=4 * params, grads_bytes=4 * params, states_bytes=4 * k * params)
+    shard = params / dp
+    master, states, step_grads = 4 * shard, 4 * k * shard, 4 * shard
+    if zero_stage == 3:
+        p_bytes = (0.0 if offload_params != "none" else w * shard) + w * persistent
+    else:
+        p_bytes = w * params
+    grads = w * shard
+    cpu = nvme = 0.0
+    if offload_optimizer == "cpu":
+        cpu, master, states, step_grads = master + states + step_grads, 0.0, 0.0, 0.0
+    elif offload_optimizer == "nvme":
+        nvme, cpu, master, states, step_grads = master + states, step_grads, 0.0, 0.0, 0.0
+    if offload_params == "cpu":
+        cpu += w * shard
+    elif offload_params == "nvme":
+        nvme += w * shard
+    return ModelStates(params_bytes=p_bytes, grads_bytes=grads, step_grads_bytes=step_grads, master_bytes=master,
+                       states_bytes=states, cpu_bytes=cpu, nvme_bytes=nvme)
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class ZeroBuffers:
+    """DeepSpeed's communication buffer settings, in elements (defaults of DeepSpeed 0.19.8,
+    ``deepspeed/runtime/zero/config.py``)."""
+
+    reduce_bucket_size: float = 5e8
+    allgather_bucket_size: float = 5e8
+    prefetch_bucket_size: float = 5e7
+    param_persistence_threshold: float = 1e5
+    max_live_parameters: float = 1e9
+
+
+def reduce_bucket_bytes(*, zero_stage: int, precision: str, params: float, buffers: ZeroBuffers) -> float:
+    """The gradient reduce bucket: ``reduce_bucket_size`` elements of ``w`` bytes, never more
+    than the gradients it buckets. ZeRO-3 allocates it at initialize and keeps it; ZeRO-2 (and
+    ZeRO-1 in 0.19.8) creates it in backward (``ipg_buffer``) and drops it after the reduction,
+    so it is part of the peak. DeepSpeed's own estimators leave it out (research notes §1.2:
+    "GBs by default", tjruwase in DeepSpeed #1302)."""
+    if zero_stage == 0:
+        return 0.0
+    return param_bytes(precision) * min(buffers.reduce_bucket_size, params)
+
+
+def live_param_bytes(*, zero_stage: int, precision: str, params: float, largest_module: float,
+                     buffers: ZeroBuffers) -> float:
+    """ZeRO-3's gathered parameters while a module runs: the largest module plus the prefetch
+    bucket, capped by ``stage3_max_live_parameters`` (DeepSpeed's estimator counts the largest
+    layer only, ``estimate_zero3_model_states_mem_needs``: ``4 * largest_layer``)."""
+    if zero_stage != 3:
+        return 0.0
+    return param_bytes(precision) * min(buffers.max_live_parameters, largest_module + buffers.prefetch_bucket_size,
+                                        params)
+
+
+# --- activations ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class LayerShape:
+    """What the activation formulas need of one transformer layer (already divided by TP)."""
+
+    hidden: int
+    q_width: int
+    """heads * head_dim / tp."""
+    kv_width: int
+    """kv_heads * head_dim / tp."""
+    ffn: int
+    """MLP width / tp (per active expert for MoE: times experts_per_token)."""
+    heads: int
+    """Attention heads / tp."""
+    gated: bool
+    rmsnorm: bool
+    grouped: bool
+    """K/V are repeated to all heads before attention (HF's ``repeat_kv``) when kv < heads."""
+
+
+def layer_activation_bytes(*, shape: LayerShape, tokens: int, seq_len: int, act_bytes: int, attention: str,
+                           recompute: str, sequence_parallel_tp: int = 1) -> float:
+    """Bytes one layer saves for backward for ``tokens = b * s`` tokens of one micro-batch.
+
+    Follows Korthikanti et al. 2022 (Table 2: ``sbh(34 + 5as/h)`` for a GPT layer in fp16 with
+    dropout masks), re-derived for what HF's modules save with no dropout (Llama-style models
+    train with dropout 0): per token, with ``w`` bytes per activation,
+
+    - each norm: its input and output (RMSNorm upcasts to fp32 first: ``4h + wh``);
+    - attention: the q/k/v input is the norm output (counted once), rotated q and k
+      (``w(q + kv)``), v (``w kv``), K/V repeated to all heads for eager attention when grouped
+      (``2 w q``), the output-projection input (``w q``); eager attention adds the fp32 softmax
+      and its bf16 copy ``(4 + w) a s`` per token, sdpa/flash keep only a log-sum-exp
+      (``4 a``) and the output;
+    - MLP: gated (SwiGLU) saves gate, up, act(gate) and their product (``4 w f``) plus its
+      input; a plain MLP saves the fc1 output and the activation output (``2 w f``).
+
+    Selective recompute drops the attention-score terms (Korthikanti §4.2); full recompute keeps
+    only the layer input ``w h`` (Chen et al. 2016). Sequence parallelism divides the terms TP
+    does not (norms, residual input) by ``t``.
+    """
+    h, q, kv, f, a = shape.hidden, shape.q_width, shape.kv_width, shape.ffn, shape.heads
+    w = act_bytes
+    if recompute == "full":
+        return float(w * h * tokens) / sequence_parallel_tp
+    norm = (4 * h + (w * h if w != 4 else 4 * h)) if shape.rmsnorm else (w * h + 8)
+    replicated = 2 * norm / sequence_parallel_tp
+    attn = w * (q + kv) + w * kv + w * q
+    if attention == "eager" and recompute == "none":
+        attn += (2 * w * q if shape.grouped else 0) + (4 + (w if w != 4 else 0)) * a * seq_len
+    else:
+        attn += 4 * a + w * q
+    mlp = (4 * w * f) if shape.gated else (2 * w * f)
+    return float((replicated + attn + mlp) * tokens)
+
+
+def full_recompute_peak_bytes(*, layer_bytes_no_recompute: float) -> float:
+    """Under full recompute, backward re-runs one layer at a time: one layer's full activations
+    are live on top of the saved inputs (Chen et al. 2016, §3)."""
+    return layer_bytes_no_recompute
+
+
+def logits_bytes(*, tokens: int, vocab: int, act_bytes: int, tp: int = 1) -> float:
+    """The last stage's output layer: bf16 logits, HF's fp32 upcast for the loss and
+    cross-entropy's saved log-softmax (``w + 4 + 4`` bytes per vocabulary entry per token;
+    Megatron counts ``4sbV`` fp32 only, theoretical_memory_usage.py)."""
+    return float(tokens * vocab * (act_bytes + (4 if act_bytes != 4 else 0) + 4) / tp)
+
+
+def in_flight_microbatches(*, pp: int, stage: int, grad_accum: int, virtual_stages: int = 1) -> float:
+    """Micro-batches whose activations stage ``stage`` holds at the peak of 1F1B: ``min(p - i, m)``
+    (Narayanan et al. 2021 §2.2.1); interleaving stores ``1 + (p - 1)/(p v)`` times more on the
+    first stage (Korthikanti et al. 2022 §4.2.3, Megatron's theoretical_memory_usage.py)."""
+    held = min(pp - stage, grad_accum)
+    if virtual_stages > 1 and pp > 1:
+        held = held * (1 + (pp - 1) / (pp * virtual_stages))
+    return float(held)
+
+
+def pipeline_buffer_bytes(*, pp: int, tokens: int, hidden: int, act_bytes: int) -> float:
+    """DeepSpeed's pipeline engine keeps send and receive buffers of one micro-batch's hidden
+    states per direction (``pipe/engine.py``, ``_allocate_buffers``): ``2 * 2 * b s h w``."""
+    return 0.0 if pp == 1 else float(4 * tokens * hidden * act_bytes)
+
+
+def zero_paper_bytes(*, params: float, dp: int, stage: int, k: float = 12.0) -> float:
+    """Per-device model states in the ZeRO paper's own accounting (Rajbhandari et al. 2020 §5.1,
+    Figure 1): ``(2 + 2 + K) Psi`` for DP, ``2Psi + 2Psi + K Psi/N_d`` for P_os,
+    ``2Psi + (2 + K) Psi/N_d`` for P_os+g and ``(2 + 2 + K) Psi/N_d`` for P_os+g+p, with
+    ``K = 12`` for mixed-precision Adam. Kept for the comparison in docs/estimate.md."""
+    if stage == 0:
+        return (4 + k) * params
+    if stage == 1:
+        return 4 * params + k * params / dp
+    if stage == 2:
+        return 2 * params + (2 + k) * params / dp
+    return (4 + k) * params / dp

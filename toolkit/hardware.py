@@ -1,0 +1,287 @@
+"""The hardware catalog: GPUs, networks and the ``Cluster`` the estimator takes as input.
+
+Every figure here is an input to the estimator, never a constant inside a formula: a user
+overrides any field from a YAML/JSON file (``load_catalog``) or a flag (``GPU.replace``).
+
+Sources of the default figures: vendor datasheets (dense, i.e. without 2:4 sparsity, tensor-core
+peaks; NVLink/Infinity Fabric per-GPU bandwidth as one direction = half the bidirectional figure
+the datasheets print; memory as ``nvidia-smi``/``rocm-smi`` report it). ``achievable_fraction`` is
+the share of peak a large, GEMM-bound transformer step sustains: Korthikanti et al. 2022 Table 5
+measured 51-56% MFU on A100 (>=175B, TP=8, selective recompute); Megatron/Llama-3 reports give
+38-45% on H100, where the higher peak is harder to feed. No torch here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+GiB = 2**30
+GB = 10**9
+TFLOP = 10**12
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class GPU:
+    """One accelerator (or one CPU rank, ``slug == "cpu"``)."""
+
+    slug: str
+    name: str
+    memory_bytes: int
+    """Device memory as the driver reports it."""
+    bf16_flops: float | None
+    """Dense bf16 peak, FLOP/s; None where the device has no bf16 tensor cores (V100)."""
+    fp16_flops: float
+    """Dense fp16 peak, FLOP/s."""
+    fp32_flops: float
+    """Dense fp32 peak (no TF32), FLOP/s."""
+    intra_node_bytes_per_s: float
+    """Per-GPU bandwidth to its node peers, one direction (NVLink, Infinity Fabric or PCIe)."""
+    host_bytes_per_s: float
+    """Per-GPU link to host memory (PCIe), one direction: what offload moves over."""
+    achievable_fraction: float = 0.5
+    """Share of peak FLOP/s a well-tuned transformer step reaches on this device."""
+    intra_node_efficiency: float = 0.8
+    """Share of the link bandwidth NCCL's collectives reach (nccl-tests bus bandwidth)."""
+    overhead_bytes: int = 2**30
+    """Memory the framework takes before any tensor: CUDA context, cuBLAS/NCCL workspaces,
+    allocator fragmentation (~0.5-1.5 GiB seen on A100/H100; an input, override it)."""
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes <= 0:
+            raise ValueError(f"memory_bytes: expected a positive size, got {self.memory_bytes!r}")
+        for name in ("fp16_flops", "fp32_flops", "intra_node_bytes_per_s", "host_bytes_per_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name}: expected a positive number, got {getattr(self, name)!r}")
+        for name in ("achievable_fraction", "intra_node_efficiency"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name}: expected a fraction in (0, 1], got {getattr(self, name)!r}")
+
+    def peak_flops(self, precision: str) -> float:
+        """Dense peak FLOP/s for ``precision``; bf16 falls back to fp16 where bf16 is missing
+        (V100 runs bf16 through the fp32 path in reality: use fp16 there)."""
+        if precision == "fp32":
+            return self.fp32_flops
+        if precision == "bf16":
+            return self.bf16_flops if self.bf16_flops is not None else self.fp32_flops
+        return self.fp16_flops
+
+    def replace(self, **changes: Any) -> "GPU":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def is_cpu(self) -> bool:
+        return self.slug == "cpu"
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Interconnect:
+    """The network between nodes."""
+
+    slug: str
+    name: str
+    node_bytes_per_s: float
+    """Bandwidth out of one node, one direction, summed over its NICs."""
+    latency_s: float = 5e-6
+    """Per-message latency (alpha term)."""
+    efficiency: float = 0.8
+    """Share of the line rate collectives reach."""
+
+    def __post_init__(self) -> None:
+        if not self.node_bytes_per_s > 0:
+            raise ValueError(f"node_bytes_per_s: expected a positive number, got {self.node_bytes_per_s!r}")
+        if not 0 < self.efficiency <= 1:
+            raise ValueError(f"efficiency: expected a fraction in (0, 1], got {self.efficiency!r}")
+
+
+def _gpu(slug, name, mem_gib, bf16, fp16, fp32, link_gb, host_gb, frac=0.5, link_eff=0.8, overhead_gib=1.0):
+    return GPU(slug=slug, name=name, memory_bytes=int(mem_gib * GiB), bf16_flops=None if bf16 is None else bf16 * TFLOP,
+               fp16_flops=fp16 * TFLOP, fp32_flops=fp32 * TFLOP, intra_node_bytes_per_s=link_gb * GB,
+               host_bytes_per_s=host_gb * GB, achievable_fraction=frac, intra_node_efficiency=link_eff,
+               overhead_bytes=int(overhead_gib * GiB))
+
+
+GPUS: dict[str, GPU] = {g.slug: g for g in (
+    _gpu("v100-32gb", "NVIDIA V100 SXM2 32GB", 32, None, 125, 15.7, 150, 16, frac=0.45),
+    _gpu("a10", "NVIDIA A10 24GB", 22.5, 125, 125, 31.2, 32, 32, frac=0.4, link_eff=0.7),
+    _gpu("l40s", "NVIDIA L40S 48GB", 45, 362, 362, 91.6, 32, 32, frac=0.4, link_eff=0.7),
+    _gpu("a100-40gb", "NVIDIA A100 SXM4 40GB", 40, 312, 312, 19.5, 300, 32, frac=0.55),
+    _gpu("a100-80gb", "NVIDIA A100 SXM4 80GB", 80, 312, 312, 19.5, 300, 32, frac=0.55),
+    _gpu("h100-sxm", "NVIDIA H100 SXM5 80GB", 79.6, 989, 989, 67, 450, 64, frac=0.45),
+    _gpu("h100-pcie", "NVIDIA H100 PCIe 80GB", 79.6, 756, 756, 51, 64, 64, frac=0.42, link_eff=0.7),
+    _gpu("h200", "NVIDIA H200 SXM 141GB", 140.4, 989, 989, 67, 450, 64, frac=0.47),
+    _gpu("b200", "NVIDIA B200 180GB", 179, 2250, 2250, 80, 900, 64, frac=0.4),
+    _gpu("mi250x", "AMD MI250X (one GCD)", 64, 191.5, 191.5, 47.9, 100, 32, frac=0.35, link_eff=0.7),
+    _gpu("mi300x", "AMD MI300X 192GB", 192, 1307.4, 1307.4, 163.4, 448, 64, frac=0.35, link_eff=0.7),
+    # One CPU rank on gloo (the CPU demo): a few GiB and a core's worth of FLOP/s; shared memory
+    # for the "links". Measured orders of magnitude, meant to be overridden.
+    _gpu("cpu", "CPU rank (gloo)", 8, 0.02, 0.02, 0.05, 2, 10, frac=0.5, link_eff=0.5, overhead_gib=0.5),
+)}
+
+INTERCONNECTS: dict[str, Interconnect] = {i.slug: i for i in (
+    Interconnect(slug="ib-hdr", name="InfiniBand HDR, 8 x 200 Gb/s per node", node_bytes_per_s=8 * 25 * GB,
+                 latency_s=5e-6, efficiency=0.8),
+    Interconnect(slug="ib-ndr", name="InfiniBand NDR, 8 x 400 Gb/s per node", node_bytes_per_s=8 * 50 * GB,
+                 latency_s=5e-6, efficiency=0.8),
+    Interconnect(slug="ib-xdr", name="InfiniBand XDR, 8 x 800 Gb/s per node", node_bytes_per_s=8 * 100 * GB,
+                 latency_s=5e-6, efficiency=0.8),
+    Interconnect(slug="roce-400", name="RoCE v2, 8 x 400 Gb/s per node", node_bytes_per_s=8 * 50 * GB,
+                 latency_s=8e-6, efficiency=0.7),
+    Interconnect(slug="roce-200", name="RoCE v2, 8 x 200 Gb/s per node", node_bytes_per_s=8 * 25 * GB,
+                 latency_s=8e-6, efficiency=0.7),
+    Interconnect(slug="efa", name="AWS EFA v2, 32 x 100 Gb/s per node (p5)", node_bytes_per_s=32 * 12.5 * GB,
+                 latency_s=15e-6, efficiency=0.6),
+    Interconnect(slug="eth-100g", name="Ethernet 100 Gb/s per node (TCP)", node_bytes_per_s=12.5 * GB,
+                 latency_s=30e-6, efficiency=0.6),
+    Interconnect(slug="eth-25g", name="Ethernet 25 Gb/s per node (TCP)", node_bytes_per_s=3.125 * GB,
+                 latency_s=50e-6, efficiency=0.6),
+    Interconnect(slug="loopback", name="one host (gloo over loopback)", node_bytes_per_s=2 * GB,
+                 latency_s=50e-6, efficiency=0.5),
+)}
+
+DEFAULT_INTERCONNECT = {"v100-32gb": "ib-hdr", "a10": "eth-100g", "l40s": "roce-200", "a100-40gb": "ib-hdr",
+                        "a100-80gb": "ib-hdr", "h100-pcie": "roce-400", "mi250x": "roce-200", "cpu": "loopback"}
+"""What a cluster of that GPU usually has; anything else defaults to ib-ndr."""
+
+
+def _catalog_error(what: str, slug: str, known) -> Exception:
+    from dstk.errors import DstkError
+
+    import difflib
+
+    near = difflib.get_close_matches(slug, list(known), n=3, cutoff=0.4)
+    return DstkError(f"unknown {what} {slug!r}",
+                     hint=(f"did you mean {', '.join(near)}? " if near else "")
+                     + f"known: {', '.join(known)}; or add it with --hardware FILE")
+
+
+def get_gpu(slug: str, *, catalog: dict[str, GPU] | None = None) -> GPU:
+    """A GPU by slug (``dstk gpus`` lists them)."""
+    gpus = GPUS if catalog is None else catalog
+    key = slug.strip().lower()
+    if key not in gpus:
+        raise _catalog_error("GPU", slug, gpus)
+    return gpus[key]
+
+
+def get_interconnect(slug: str, *, catalog: dict[str, Interconnect] | None = None) -> Interconnect:
+    """An inter-node network by slug."""
+    nets = INTERCONNECTS if catalog is None else catalog
+    key = slug.strip().lower()
+    if key not in nets:
+        raise _catalog_error("interconnect", slug, nets)
+    return nets[key]
+
+
+def default_interconnect(gpu_slug: str) -> str:
+    return DEFAULT_INTERCONNECT.get(gpu_slug, "ib-ndr")
+
+
+# --- user overrides --------------------------------------------------------------------------
+
+_GPU_UNITS = {"memory_gib": ("memory_bytes", GiB), "overhead_gib": ("overhead_bytes", GiB), "bf16_tflops": ("bf16_flops", TFLOP),
+              "fp16_tflops": ("fp16_flops", TFLOP), "fp32_tflops": ("fp32_flops", TFLOP),
+              "intra_node_gbps": ("intra_node_bytes_per_s", GB), "host_gbps": ("host_bytes_per_s", GB)}
+_NET_UNITS = {"node_gbps": ("node_bytes_per_s", GB)}
+
+
+def _entry(cls, slug: str, fields: dict, units: dict, base, where: str):
+    from dstk.errors import DstkError
+
+    if not isinstance(fields, dict):
+        raise DstkError(f"{where}: expected a mapping of fields", location=where)
+    values = dataclasses.asdict(base) if base is not None else {}
+    allowed = {f.name for f in dataclasses.fields(cls)} - {"slug"}
+    for key, value in fields.items():
+        if key in units:
+            name, scale = units[key]
+            values[name] = None if value is None else value * scale
+            if name in ("memory_bytes", "overhead_bytes"):
+                values[name] = int(values[name])
+        elif key in allowed:
+            values[key] = value
+        else:
+            raise DstkError(f"{where}.{key}: unknown field",
+                            hint=f"fields: {', '.join(sorted(allowed | set(units)))}", location=where)
+    values.setdefault("name", slug)
+    values["slug"] = slug
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise DstkError(f"{where}: {exc}", hint="give every field of a new entry, or extend an existing slug "
+                        "with 'base: SLUG'", location=where) from None
+
+
+def load_catalog(path: str | os.PathLike) -> tuple[dict[str, GPU], dict[str, Interconnect]]:
+    """The built-in catalog merged with a user file (YAML or JSON)::
+
+        gpus:
+          h100-sxm: {achievable_fraction: 0.4}          # change one field of an entry
+          my-gpu: {base: a100-80gb, memory_gib: 64}     # a new entry from an old one
+        interconnects:
+          my-net: {node_gbps: 100, efficiency: 0.7}
+
+    Units in the keys: ``*_gib`` GiB, ``*_tflops`` 10^12 FLOP/s, ``*_gbps`` 10^9 bytes/s.
+    """
+    from dstk.errors import DstkError
+
+    text = open(path, encoding="utf-8").read() if os.path.exists(path) else None
+    if text is None:
+        raise DstkError(f"{path}: no such hardware file", hint="give a YAML or JSON file with gpus: / interconnects:")
+    try:
+        if str(path).endswith(".json"):
+            data = json.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text)
+    except Exception as exc:  # a parse error of either format is the user's to fix
+        raise DstkError(f"{path}: cannot parse it: {exc}", location=str(path)) from None
+    if not isinstance(data, dict) or set(data) - {"gpus", "interconnects"}:
+        raise DstkError(f"{path}: expected top-level keys gpus and/or interconnects", location=str(path))
+    gpus, nets = dict(GPUS), dict(INTERCONNECTS)
+    for table, cls, units, out in (("gpus", GPU, _GPU_UNITS, gpus), ("interconnects", Interconnect, _NET_UNITS, nets)):
+        for slug, fields in (data.get(table) or {}).items():
+            slug = str(slug).lower()
+            fields = dict(fields or {})
+            base_slug = fields.pop("base", None)
+            base = out.get(str(base_slug).lower() if base_slug else slug)
+            if base_slug and base is None:
+                raise DstkError(f"{path}: {table}.{slug}.base: unknown {base_slug!r}", location=str(path))
+            out[slug] = _entry(cls, slug, fields, units, base, f"{path}: {table}.{slug}")
+    return gpus, nets
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Cluster:
+    """Machines the job runs on; world size = ``num_nodes * gpus_per_node``."""
+
+    num_nodes: int = 1
+    gpus_per_node: int = 8
+    gpu: GPU
+    interconnect: Interconnect | None = None
+    """Between nodes; None is allowed on one node (and means ``ib-ndr`` if used)."""
+    host_memory_bytes: int | None = None
+    """CPU memory per node (for offload); None if unknown."""
+    cpu_adam_params_per_s: float = 1e9
+    """Parameters per second one rank's CPU optimizer updates under optimizer offload (DeepSpeed's
+    CPU Adam, Ren et al. 2021, reports ~6x torch's CPU Adam; a rough input, override it)."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_nodes", "gpus_per_node"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+        if self.num_nodes > 1 and self.interconnect is None:
+            raise ValueError("interconnect: a cluster of more than one node needs one (e.g. ib-ndr)")
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    def to_dict(self) -> dict:
+        return {"num_nodes": self.num_nodes, "gpus_per_node": self.gpus_per_node, "gpu": self.gpu.slug,
+                "interconnect": self.interconnect.slug if self.interconnect else None,
+                "gpu_memory_bytes": self.gpu.memory_bytes}
