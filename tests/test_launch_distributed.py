@@ -52,7 +52,7 @@ def test_two_nodes_on_one_machine_train_a_step(tmp_path, free_port):
     results = [finish(p) for p in nodes]
     for node, (rc, out, err) in enumerate(results):
         assert rc == 0, f"node {node}:\n{out[-3000:]}\n{err[-3000:]}"
-        steps = re.findall(r"^\[rank (\d)\] STEP rank=(\d) world=2 node=(\d) loss=(\S+) changed=True same=True$",
+        steps = re.findall(r"^\[rank (\d)\] STEP rank=(\d) world=2 node=(\d) backend=gloo loss=(\S+) changed=True same=True$",
                            out, re.M)
         assert len(steps) == 1, out[-3000:]
         prefix, rank, cross, _ = steps[0]

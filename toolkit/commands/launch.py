@@ -94,19 +94,18 @@ def _spec(args: argparse.Namespace):
     )
 
 
-def _print_plan(command: list[str], env: dict[str, str], files: dict[str, str], fmt: str, *, note: str) -> None:
-    from dstk.launch.command import shell_join
+def _print_plan(plan, fmt: str, *, note: str) -> None:
+    from dstk.launch.command import shell_command
 
     if fmt == "json":
-        print(json.dumps({"command": command, "env": env, "files": files, "note": note}, indent=2))
+        print(json.dumps({"command": plan.command, "env": plan.env, "files": plan.files, "note": note}, indent=2))
         return
     print(f"# {note}")
-    for path, text in files.items():
+    for path, text in plan.files.items():
         print(f"# file {path}:")
         for line in text.splitlines():
             print(f"#   {line}")
-    prefix = " ".join(f"{k}={shell_join([v])}" for k, v in env.items())
-    print(f"{prefix} {shell_join(command)}" if prefix else shell_join(command))
+    print(shell_command(plan))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,6 +131,6 @@ def run(args: argparse.Namespace) -> int:
         return 0
     plan = plan_launch(spec)
     if args.dry_run:
-        _print_plan(plan.command, plan.env, plan.files, args.format, note="dry run: nothing written or started")
+        _print_plan(plan, args.format, note="dry run: nothing written or started")
         return 0
     return run_launch(spec)

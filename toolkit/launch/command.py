@@ -291,6 +291,12 @@ def plan_launch(spec: LaunchSpec) -> LaunchPlan:
     return LaunchPlan(command=cmd, env=extra_env, files=files, active=active)
 
 
+def shell_command(plan: LaunchPlan) -> str:
+    """The plan as one POSIX shell line (``K=V ... argv``), to copy and run by hand."""
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.env.items())
+    return f"{prefix} {shell_join(plan.command)}" if prefix else shell_join(plan.command)
+
+
 def build_command(spec: LaunchSpec) -> list[str]:
     """The runner (or torchrun) argv for ``spec``; pure, checked against the plan first."""
     return plan_launch(spec).command

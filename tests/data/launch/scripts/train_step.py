@@ -1,4 +1,4 @@
-"""One real DeepSpeed training step on this rank (CPU, gloo): started by `dstk launch` in tests."""
+"""One real DeepSpeed training step on this rank (gloo on CPU, NCCL on GPU): started by `dstk launch` in tests."""
 
 import argparse
 import os
@@ -6,18 +6,19 @@ import os
 import deepspeed
 import torch
 import torch.distributed as dist
+from deepspeed.accelerator import get_accelerator
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--local_rank", type=int, default=0)
 parser.add_argument("--deepspeed_config", required=True)
 args = parser.parse_args()
 
-deepspeed.init_distributed(dist_backend="gloo")
+deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
 engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=args.deepspeed_config)
 torch.manual_seed(1 + dist.get_rank())
-x, y = torch.randn(4, 8), torch.randn(4, 1)
+x, y = torch.randn(4, 8).to(engine.device), torch.randn(4, 1).to(engine.device)
 before = [p.detach().clone() for p in engine.module.parameters()]
 loss = torch.nn.functional.mse_loss(engine(x), y)
 engine.backward(loss)
@@ -29,5 +30,6 @@ gathered = [torch.empty_like(flat) for _ in range(dist.get_world_size())]
 dist.all_gather(gathered, flat)
 same = all(torch.equal(gathered[0], g) for g in gathered)
 print(f"STEP rank={dist.get_rank()} world={dist.get_world_size()} node={os.environ.get('CROSS_RANK')} "
+      f"backend={dist.get_backend()} "
       f"loss={loss.item():.6f} changed={changed} same={same}", flush=True)
 dist.destroy_process_group()
