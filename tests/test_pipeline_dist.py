@@ -14,9 +14,10 @@ from dist import run_ranks
 pytestmark = pytest.mark.distributed
 
 SCRIPT = Path(__file__).with_name("pipeline_ranks.py")
-FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gpt2", "gpt_neox", "opt"]
+# the last three have no adapter in their family file: the generic Llama-like discovery finds them
+FAMILIES = ["llama", "mistral", "qwen2", "qwen3", "gemma", "gpt2", "gpt_neox", "opt", "phi3", "mixtral", "gemma2"]
 PP4_FAMILIES = ["llama", "gpt2"]
-TIED = {"gemma", "gpt2", "opt"}
+TIED = {"gemma", "gpt2", "opt", "gemma2"}
 LOSS_RTOL = 1e-5
 OUT_DIRS: dict[str, Path] = {}
 
@@ -103,6 +104,9 @@ def test_load_train_export_reload(pp2, family):
     first, last = pp2[0][family], pp2[-1][family]
     assert last["export_logits_max_diff"] <= 1e-5
     assert "model.safetensors" in last["export_files"] and "config.json" in last["export_files"]
+    if family == "mixtral":
+        assert "converts their tensors" in first["from_pretrained_error"]
+        return
     # each stage read only its own tensors: no tensor was read by both ranks, except the
     # embedding matrix that the last stage of a tied model shares
     both = set(first["tensors_read"]) & set(last["tensors_read"])

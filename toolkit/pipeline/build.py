@@ -46,6 +46,19 @@ class _CheckpointSource:
     HF directory: a rank reads only the tensors of the modules it asks for."""
 
     def __init__(self, hf_dir: Path, meta_model: Any, adapter: PipelineAdapter, dtype: Any):
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+        from transformers.core_model_loading import WeightRenaming
+
+        model_type = meta_model.config.model_type
+        transforms = [*(get_checkpoint_conversion_mapping(type(meta_model).__name__) or ()),
+                      *(get_checkpoint_conversion_mapping(model_type) or ())]
+        # Renamings are covered by the adapter's saved_prefixes; tensor conversions are not.
+        if any(not isinstance(t, WeightRenaming) for t in transforms):
+            raise DstkError(
+                f"cannot read {model_type} checkpoints stage by stage: transformers converts their tensors "
+                "while loading (e.g. per-expert weights fused into one tensor)",
+                hint="load the whole model with AutoModelForCausalLM.from_pretrained and wrap it with to_pipeline",
+            )
         self._dir = hf_dir
         self._model = meta_model
         self._adapter = adapter
