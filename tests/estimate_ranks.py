@@ -13,7 +13,7 @@ import deepspeed
 import torch
 import transformers
 
-BUCKET = 50_000  # elements: small buckets so they do not dwarf a tiny model (passed to the estimator too)
+BUCKET = 50_000  # elements: small buckets so they do not dwarf a tiny model (the test passes it to the estimator)
 
 
 def storages(roots) -> dict[int, tuple[int, str]]:
@@ -60,46 +60,51 @@ def storages(roots) -> dict[int, tuple[int, str]]:
     return seen
 
 
-def main() -> None:
-    family, stage, precision, offload = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    deepspeed.init_distributed(dist_backend="gloo")
-    cfg = json.loads(sys.argv[5])
-    keys = dict(cfg)
+def run_case(case: dict) -> dict:
+    """Bytes of the storages this case adds over what was alive before it (so earlier cases,
+    whatever DeepSpeed keeps of them, do not count), at three points of the first step."""
+    gc.collect()
+    before = set(storages([]))
+    keys = dict(case["config"])
     config = transformers.AutoConfig.for_model(keys.pop("model_type"), **keys)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config)
+    stage = case["stage"]
     zero = {"stage": stage, "reduce_bucket_size": BUCKET, "allgather_bucket_size": BUCKET}
     if stage == 3:
-        zero.update(stage3_prefetch_bucket_size=BUCKET, stage3_param_persistence_threshold=1000,
+        zero.update(stage3_prefetch_bucket_size=BUCKET, stage3_param_persistence_threshold=case["threshold"],
                     stage3_max_live_parameters=BUCKET)
-    if offload != "none":
-        zero["offload_optimizer"] = {"device": offload}
+    if case["offload"] != "none":
+        zero["offload_optimizer"] = {"device": case["offload"]}
     ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "zero_optimization": zero,
           "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}},
           "gradient_clipping": 1.0, "steps_per_print": 10**9}
-    if precision == "bf16":
+    if case["precision"] == "bf16":
         ds["bf16"] = {"enabled": True}
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
-    gc.collect()
-    after_init = storages([engine, engine.optimizer])
-    ids = torch.randint(0, cfg["vocab_size"], (1, 16))
+    del model
+
+    def snapshot() -> int:
+        gc.collect()
+        return sum(b for ptr, (b, _) in storages([engine, engine.optimizer]).items() if ptr not in before)
+
+    out = {"init": snapshot()}
+    ids = torch.randint(0, case["config"]["vocab_size"], (1, 16))
     loss = engine(input_ids=ids, labels=ids).loss
     engine.backward(loss)
     del loss
-    gc.collect()
-    after_backward = storages([engine, engine.optimizer])
+    out["backward"] = snapshot()
     engine.step()
-    gc.collect()
-    after_step = storages([engine, engine.optimizer])
-    if engine.global_rank == 0:
-        def summary(s):
-            by_dtype: dict[str, int] = {}
-            for nbytes, dtype in s.values():
-                by_dtype[dtype] = by_dtype.get(dtype, 0) + nbytes
-            return {"total_bytes": sum(b for b, _ in s.values()), "by_dtype": by_dtype,
-                    "largest": sorted((b for b, _ in s.values()), reverse=True)[:12]}
-        print("RESULT " + json.dumps({"init": summary(after_init), "backward": summary(after_backward),
-                                        "step": summary(after_step)}), flush=True)
+    out["step"] = snapshot()
+    engine.destroy()
+    return out
+
+
+def main() -> None:
+    deepspeed.init_distributed(dist_backend="gloo")
+    results = [run_case(case) for case in json.loads(sys.argv[1])]
+    if torch.distributed.get_rank() == 0:
+        print("RESULT " + json.dumps(results), flush=True)
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 

@@ -237,7 +237,7 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
     threshold = buffers.param_persistence_threshold
 
     layer_elems = f.layer_sharded / tp + f.layer_replicated
-    layer_persistent = sum(t for t in f.layer_persistent if (t if t in (f.hidden,) else t / tp) < threshold) \
+    layer_persistent = sum(t for t in f.layer_persistent if (t if t in (f.hidden,) else t / tp) <= threshold) \
         if layout.zero_stage == 3 else 0
     per_layer_act = full_layer_act = 0.0
     if known:
