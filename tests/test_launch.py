@@ -307,3 +307,22 @@ def test_spec_from_run_dir_sets_cpu_threads(tmp_path, monkeypatch):
     assert env["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2)) and env["X"] == "1"
     assert spec.cpu and spec.world_size == 2 and 1 <= spec.master_port <= 65535
     assert dict(spec_from_run_dir(run_dir, script="t.py", env={"OMP_NUM_THREADS": "7"}).env)["OMP_NUM_THREADS"] == "7"
+
+
+def test_lint_existing_deepspeed_env_names_each_bad_line():
+    from dstk.launch.env import lint_deepspeed_env
+
+    findings = lint_deepspeed_env("A=1\n\n# note=x\nnovalue\nBAD KEY=1\nB=2\n")
+    assert [(f.line, f.code) for f in findings] == [(2, "DE001"), (3, "DE002"), (4, "DE003"), (5, "DE004")]
+    assert lint_deepspeed_env("A=1\nB=a b\n") == []
+
+
+def test_scheduler_gpus_are_kept(tmp_path, monkeypatch):
+    """CUDA_VISIBLE_DEVICES=4,5 from a scheduler becomes --include localhost:4,5 (the runner would drop it)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    run_dir = write_run_dir(tmp_path / "run", num_nodes=1, gpus_per_node=2, gpu="h100-sxm")
+    cmd = build_command(spec_from_run_dir(run_dir, script="t.py", master_port=1))
+    assert cmd[cmd.index("--include") + 1] == "localhost:4,5" and "--num_gpus" not in cmd
+    run4 = write_run_dir(tmp_path / "run4", num_nodes=1, gpus_per_node=4, gpu="h100-sxm")
+    with pytest.raises(DstkError, match="selects 2 device"):
+        build_command(spec_from_run_dir(run4, script="t.py", master_port=1))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from dstk.errors import DstkError
+from dstk.findings import Finding
 from dstk.resources import template
 
 _KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -113,3 +114,24 @@ def render_deepspeed_env(env: dict[str, str], *, launcher: str) -> str:
     """``.deepspeed_env`` text: ``KEY=VALUE`` lines, no blank or comment lines (the runner breaks on both)."""
     check_deepspeed_env(env, launcher=launcher)
     return "".join(f"{k}={v}\n" for k, v in env.items())
+
+
+def lint_deepspeed_env(text: str) -> list[Finding]:
+    """Problems in an existing ``.deepspeed_env`` that the runner would read (with line numbers)."""
+    findings = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            findings.append(Finding(severity="error", code="DE001", line=number,
+                                    message="blank line: the runner crashes on it (not enough values to unpack)",
+                                    hint="delete the blank line"))
+        elif line.lstrip().startswith("#"):
+            findings.append(Finding(severity="error", code="DE002", line=number,
+                                    message="comment line: the runner exports it, and with pdsh it comments out the rest "
+                                            "of the remote command", hint="delete the comment line"))
+        elif "=" not in line:
+            findings.append(Finding(severity="error", code="DE003", line=number, message=f"expected KEY=VALUE, got {line!r}",
+                                    hint="write KEY=VALUE"))
+        elif not _KEY_RE.fullmatch(line.split("=", 1)[0].strip()):
+            findings.append(Finding(severity="error", code="DE004", line=number,
+                                    message=f"{line.split('=', 1)[0]!r} is not a variable name", hint="fix the name"))
+    return findings

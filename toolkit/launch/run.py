@@ -162,6 +162,29 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
                  expect_reports=expect_reports)
 
 
+def _check_env_files(plan: LaunchPlan, sink: Callable[[str, str], None]) -> None:
+    """The runner reads ~/.deepspeed_env and ./.deepspeed_env for multi-node runs (or only DS_ENV_FILE,
+    when dstk writes one): refuse the lines it breaks on, and say which file is no longer read."""
+    from dstk.errors import DstkError
+    from dstk.findings import has_errors, render_text
+    from dstk.launch.env import lint_deepspeed_env
+
+    home = Path.home() / ".deepspeed_env"
+    if "DS_ENV_FILE" in plan.env:
+        for path in {home, Path.cwd() / ".deepspeed_env"}:
+            if path.is_file():
+                sink("stderr", f"dstk: warning: {path} is not read for this launch (dstk passes --env and the NCCL "
+                               f"profile in {plan.env['DS_ENV_FILE']}); add what you need from it with --env\n")
+        return
+    for path in (home, Path.cwd() / ".deepspeed_env"):
+        if path.is_file():
+            findings = lint_deepspeed_env(path.read_text(encoding="utf-8", errors="replace"))
+            if has_errors(findings):
+                raise DstkError("the deepspeed runner would read this .deepspeed_env and break on it:\n"
+                                + render_text(str(path), findings),
+                                hint="fix those lines, or move the variables to `dstk launch --env K=V`")
+
+
 def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_sink) -> int:
     """Run ``spec``: rank-prefixed output through ``sink``; non-zero when any rank failed or was killed.
 
@@ -169,6 +192,8 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
     plan = plan_launch(spec)
     if spec.launcher == "pdsh" and spec.hosts and spec.node_rank is None:
         check_pdsh_words([os.getcwd()])  # pdsh runs `cd <cwd>;` on every node, unquoted
+    if spec.hosts and spec.node_rank is None:
+        _check_env_files(plan, sink)
     # With node_rank set only this node's ranks report here.
     expected = spec.world_size if spec.node_rank is None else 0
     result = run_plan(plan, world_size=expected, expect_reports=spec.prefix_output, sink=sink)

@@ -108,6 +108,11 @@ def spec_from_run_dir(
                          hint="create the run directory with `dstk generate ... --output DIR`")
     if launcher is None:
         launcher = "pdsh" if host_list and node_rank is None else "local"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible and not cpu and not host_list and not include and not exclude and launcher == "local":
+        # The runner drops CUDA_VISIBLE_DEVICES when --num_gpus is given and takes GPUs 0..N-1
+        # (DeepSpeed#7155); pass the scheduler's GPUs on as the --include it would have made.
+        include = f"localhost:{visible}"
     return LaunchSpec(
         script=script, script_args=tuple(script_args), module=module,
         num_nodes=int(cluster["num_nodes"]), gpus_per_node=per_node,
