@@ -130,6 +130,7 @@ def test_model_it_cannot_wrap_names_what_is_missing():
     with pytest.raises(DstkError) as exc:
         adapter_for(model)
     assert "rotary" in exc.value.message and "BloomForCausalLM" in exc.value.message
+    assert "word_embeddings_layernorm" in exc.value.message
     assert "PIPELINE_ADAPTER" in exc.value.hint
 
 

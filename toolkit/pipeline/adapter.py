@@ -122,10 +122,16 @@ def discover(model: Any) -> PipelineAdapter:
         first = model.get_submodule(layers_path)[0]
         if "position_embeddings" not in inspect.signature(first.forward).parameters:
             missing.append(f"decoder layers that take position_embeddings ({type(first).__name__} does not)")
-    extras = [n for n in ("embed_dropout", "emb_dropout", "project_in", "project_out", "embed_positions", "wpe")
-              if getattr(base, n, None) is not None]
+    known = {embed_path, layers_path, norm_path, f"{base_prefix}.rotary_emb"}
+    extras = []
+    for name, sub in base.named_children():
+        if f"{base_prefix}.{name}" in known:
+            continue
+        # a child with weights, or a live dropout, would run in HF's forward but not in ours
+        if any(True for _ in sub.parameters()) or (isinstance(sub, torch.nn.Dropout) and sub.p > 0):
+            extras.append(name)
     if extras:
-        missing.append(f"nothing else around the layers (found {', '.join(extras)})")
+        missing.append(f"a place for {', '.join(extras)} (run by {type(base).__name__} around the layers)")
     if missing:
         raise DstkError(
             f"cannot wrap {type(model).__name__} (model_type {config.model_type!r}) into pipeline stages: "
