@@ -287,7 +287,8 @@ def pick(candidates: list[Candidate], *, tie_fraction: float = TIE_FRACTION) -> 
     by_time = sorted(candidates, key=lambda c: (c.step_seconds, simplicity(c.layout)))
     fastest = by_time[0].step_seconds
     tied = [c for c in by_time if c.step_seconds <= fastest * (1 + tie_fraction)]
-    winner = min(tied, key=lambda c: (simplicity(c.layout), c.step_seconds))
+    # Equal predictions: the larger micro-batch (fewer accumulation rounds; real kernels like it).
+    winner = min(tied, key=lambda c: (simplicity(c.layout), c.step_seconds, -c.layout.micro_batch))
     return [winner] + [c for c in by_time if c is not winner]
 
 
@@ -451,3 +452,273 @@ def plan(*, search: Search, estimate: Callable[[Layout], Any], top: int | None =
         num_fitting=len(fitting),
         usable_bytes=usable,
     )
+
+
+# --- from an intent: binding the model catalog, the hardware catalog and the estimator ----------
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Context:
+    """An intent resolved into the objects the estimator takes, and the search it implies."""
+
+    intent: Any
+    model: Any
+    """``dstk.models.ModelSpec``."""
+    cluster: Any
+    """``dstk.hardware.Cluster``."""
+    training: Any
+    """``dstk.layout.Training``."""
+    search: Search
+    capacity_bytes: int
+
+    def estimate(self, layout: Layout):
+        from dstk.estimate import estimate
+
+        return estimate(model=self.model, layout=layout, training=self.training, cluster=self.cluster)
+
+
+def resolve(intent) -> Context:
+    """Look the model and the hardware up in their catalogs and set up the search."""
+    import dataclasses as dc
+
+    from dstk import hardware
+    from dstk.errors import DstkError
+    from dstk.models import get_model
+    from dstk.models.spec import ModelSpec
+
+    m = intent.model
+    if m.name is not None:
+        spec = get_model(m.name)
+    else:
+        try:
+            spec = ModelSpec.generic(num_layers=m.num_layers, hidden_size=m.hidden_size, num_heads=m.num_heads,
+                                     vocab_size=m.vocab_size, ffn_hidden_size=m.ffn_hidden_size,
+                                     num_kv_heads=m.num_kv_heads)
+        except ValueError as exc:
+            raise DstkError(f"model: {exc}", hint="fix the model dimensions") from None
+    cl = intent.cluster
+    gpu = hardware.get_gpu(cl.gpu)
+    changes = {}
+    if cl.gpu_memory_gib is not None:
+        changes["memory_bytes"] = int(cl.gpu_memory_gib * 2**30)
+    if cl.gpu_tflops is not None:
+        changes.update(bf16_flops=cl.gpu_tflops * 1e12, fp16_flops=cl.gpu_tflops * 1e12)
+    if changes:
+        gpu = dc.replace(gpu, **changes)
+    net = hardware.get_interconnect(cl.interconnect or hardware.default_interconnect(gpu.slug))
+    cluster = hardware.Cluster(num_nodes=cl.num_nodes, gpus_per_node=cl.gpus_per_node, gpu=gpu, interconnect=net)
+    training = intent.training.to_training()
+    search = Search(
+        world_size=cl.world_size, gpus_per_node=cl.gpus_per_node, num_layers=spec.num_layers,
+        num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, global_batch=training.global_batch,
+        capacity_bytes=gpu.memory_bytes, constraints=intent.constraints,
+    )
+    return Context(intent=intent, model=spec, cluster=cluster, training=training, search=search,
+                   capacity_bytes=gpu.memory_bytes)
+
+
+def _spec_value(spec: Any, *names: str) -> Any:
+    for name in names:
+        value = getattr(spec, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def model_facts(spec: Any) -> dict:
+    """The model as plan.json records it: name, family, parameter count and dimensions."""
+    heads = _spec_value(spec, "num_heads", "num_attention_heads")
+    facts = {
+        "name": _spec_value(spec, "name"),
+        "family": _spec_value(spec, "family"),
+        "num_params": _spec_value(spec, "num_params"),
+        "num_layers": _spec_value(spec, "num_layers", "num_hidden_layers"),
+        "hidden_size": _spec_value(spec, "hidden_size"),
+        "num_heads": heads,
+        "num_kv_heads": _spec_value(spec, "num_kv_heads", "num_key_value_heads") or heads,
+        "ffn_hidden_size": _spec_value(spec, "ffn_hidden_size", "intermediate_size"),
+        "vocab_size": _spec_value(spec, "vocab_size"),
+    }
+    hf_config = getattr(spec, "hf_config", None)
+    if hf_config:  # lets `dstk finetune` and tests build the very model that was planned
+        facts["hf_config"] = dict(hf_config)
+    return facts
+
+
+def plan_intent(ctx: Context, *, top: int | None = None) -> PlanResult:
+    """``plan`` for a resolved intent; an impossible search (nothing consistent) is a user error."""
+    from dstk.errors import DstkError
+
+    reason = empty_search_reason(ctx.search)
+    if reason is not None:
+        raise DstkError(f"no layout is consistent with the intent: {reason.split('; ')[0]}",
+                        hint=reason.split("; ", 1)[-1])
+    return plan(search=ctx.search, estimate=ctx.estimate, top=top)
+
+
+def nothing_fits_message(ctx: Context, result: PlanResult) -> str:
+    s = ctx.search
+    world = f"{ctx.intent.cluster.num_nodes} x {ctx.intent.cluster.gpus_per_node} {ctx.intent.cluster.gpu}"
+    if result.rejected:
+        best = result.rejected[0]
+        return (f"nothing fits on {world}: the smallest of {result.num_considered} layouts, "
+                f"{describe(best.layout)}, needs {gib(best.total_bytes)} per GPU; {gib(s.usable_bytes)} usable")
+    return f"nothing fits on {world} ({result.num_considered} layouts tried)"
+
+
+def _variants(intent) -> Iterator[tuple[str, Any]]:
+    """Changed intents, each one step away from the user's, smallest change first."""
+    from dstk.intent import Intent
+
+    c, cl, t = intent.constraints, intent.cluster, intent.training
+
+    def with_(**sections):
+        return Intent(**{name: sections.get(name, getattr(intent, name))
+                         for name in ("model", "cluster", "training", "constraints")})
+
+    unpinned = {k: None for k in ("dp", "tp", "pp", "zero_stage", "micro_batch", "virtual_stages")
+                if getattr(c, k) is not None}
+    if unpinned:
+        yield f"unpin {', '.join(k for k in unpinned)}", with_(constraints=dataclasses.replace(c, **unpinned))
+    if c.recompute not in (None, "full"):
+        yield "recompute full (drop the recompute pin)", with_(constraints=dataclasses.replace(c, recompute=None))
+    if c.engine == "deepspeed" and (not c.offload or c.offload_optimizer == "none" or c.offload_params == "none"):
+        yield "allow CPU offload", with_(constraints=dataclasses.replace(
+            c, offload=True, offload_optimizer=None, offload_params=None))
+    if c.max_tp is not None:
+        yield "drop max_tp", with_(constraints=dataclasses.replace(c, max_tp=None))
+    for factor in (2, 4, 8, 16, 32, 64):
+        if cl.num_nodes * factor > 4096:
+            break
+        yield (f"more GPUs: {cl.num_nodes * factor} nodes x {cl.gpus_per_node} ({cl.world_size * factor} GPUs)",
+               with_(cluster=dataclasses.replace(cl, num_nodes=cl.num_nodes * factor)))
+    seq = t.seq_len
+    while seq > 256:
+        seq //= 2
+        yield (f"shorter sequences: seq_len {seq} ({t.sequences_per_step} sequences per step)",
+               with_(training=dataclasses.replace(t, seq_len=seq, global_batch=t.sequences_per_step,
+                                                  global_batch_tokens=None)))
+
+
+def suggest_fixes(intent, *, limit: int = 4) -> list[str]:
+    """The smallest changes that make something fit, one per kind, with the figures of the plan each gives."""
+    out, kinds_done = [], set()
+    for label, variant in _variants(intent):
+        head = label.split(":")[0]
+        if head in kinds_done:
+            continue
+        try:
+            ctx = resolve(variant)
+            result = plan_intent(ctx, top=1)
+        except Exception:  # a variant that is itself inconsistent is simply not a suggestion
+            continue
+        if result.plans:
+            kinds_done.add(head)
+            best = result.plans[0]
+            out.append(f"{label}: {describe(best.layout)} fits, {gib(best.estimate.memory.per_gpu.total_bytes)} "
+                       f"of {gib(result.usable_bytes)} usable, {best.estimate.time.step_seconds:.3g} s/step")
+            if len(out) >= limit:
+                break
+    return out
+
+
+def plan_document(ctx: Context, result: PlanResult, *, index: int = 0) -> dict:
+    """``plan.json`` (docs/contracts.md): one plan entry plus model, cluster, training and the
+    alternatives it beat."""
+    from dstk import __version__
+
+    chosen = result.plans[index]
+    entry = chosen.to_dict()
+    if index != 0:
+        entry["why"] = [f"picked by hand (--pick {index + 1}); the planner's choice was "
+                        f"{describe(result.plans[0].layout)}"] + entry["why"]
+    cl = ctx.intent.cluster
+    doc = {
+        "dstk_version": __version__,
+        "model": model_facts(ctx.model),
+        "cluster": {
+            "num_nodes": cl.num_nodes,
+            "gpus_per_node": cl.gpus_per_node,
+            "gpu": cl.gpu,
+            "interconnect": cl.interconnect,
+            "gpu_memory_bytes": ctx.capacity_bytes,
+            "usable_bytes": result.usable_bytes,
+            "memory_headroom": ctx.intent.constraints.memory_headroom,
+        },
+        "training": {**ctx.training.to_dict(), "train_steps": ctx.intent.training.steps,
+                     "lr": ctx.intent.training.lr, "schedule": ctx.intent.training.schedule},
+        "engine": ctx.intent.constraints.engine,
+        **entry,
+        "alternatives": [
+            {"layout": p.layout.to_dict(), "step_seconds": p.estimate.time.step_seconds,
+             "total_bytes": p.estimate.memory.per_gpu.total_bytes, "why": list(p.why)}
+            for i, p in enumerate(result.plans[:10]) if i != index
+        ],
+    }
+    return doc
+
+
+def model_dims(facts: dict, spec: Any):
+    """What the Megatron renderer needs: the dimensions plus the family's traits from the spec."""
+    from dstk.render import ModelDims
+
+    family = (facts.get("family") or "").lower()
+    learned_positions = family in ("gpt2", "opt")  # the rest of the catalog uses rotary or ALiBi
+    return ModelDims(
+        num_layers=facts["num_layers"],
+        hidden_size=facts["hidden_size"],
+        num_heads=facts["num_heads"],
+        num_kv_heads=facts["num_kv_heads"],
+        ffn_hidden_size=facts["ffn_hidden_size"],
+        vocab_size=facts["vocab_size"],
+        max_position_embeddings=_spec_value(spec, "seq_len"),
+        gated_mlp=bool(getattr(spec, "gated_mlp", True)),
+        norm=getattr(spec, "norm", "rmsnorm"),
+        rotary=not learned_positions,
+        tied_embeddings=bool(getattr(spec, "tied_embeddings", False)),
+        bias=family in ("gpt2", "opt", "bloom", "gpt_neox", "falcon", "phi"),
+    )
+
+
+def run_dir_files(ctx: Context, result: PlanResult, *, index: int = 0) -> dict[str, str]:
+    """Every file of the run directory, rendered and validated (nothing is written here)."""
+    from dstk import render
+
+    doc = plan_document(ctx, result, index=index)
+    layout = result.plans[index].layout
+    files = render.run_files(
+        plan=doc, layout=layout, training=ctx.intent.training, model=model_dims(doc["model"], ctx.model),
+        num_nodes=ctx.intent.cluster.num_nodes, gpus_per_node=ctx.intent.cluster.gpus_per_node,
+        cpu=ctx.intent.cluster.gpu == "cpu", nvme_path=ctx.intent.constraints.nvme_path,
+    )
+    validate_run_files(files, layout=layout)
+    return files
+
+
+def validate_run_files(files: dict[str, str], *, layout: Layout) -> None:
+    """Run dstk's validator over both DeepSpeed configs; an error here is a bug in dstk, and
+    nothing is written."""
+    import json
+
+    from dstk.errors import DstkError
+    from dstk.validate import validate_config
+
+    for name, hf in (("ds_config.json", False), ("ds_config.hf.json", True)):
+        findings = validate_config(json.loads(files[name]), world_size=layout.world_size,
+                                   tensor_parallel=layout.tp, pipeline_stages=layout.pp, hf=hf)
+        errors = [f for f in findings if f.severity == "error"]
+        if errors:
+            detail = "; ".join(f"{f.pointer or '/'}: {f.message}" for f in errors)
+            raise DstkError(f"the generated {name} does not validate: {detail}",
+                            hint="this is a bug in dstk; rerun with --debug and report it")
+
+
+def check_written(directory, files: dict[str, str]) -> None:
+    """Round trip: what is on disk is what was rendered."""
+    from pathlib import Path
+
+    from dstk.errors import DstkError
+
+    for name, text in files.items():
+        if (Path(directory) / name).read_text(encoding="utf-8") != text:
+            raise DstkError(f"{directory}/{name} does not read back as written", hint="check the disk and retry")

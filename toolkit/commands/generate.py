@@ -1,0 +1,61 @@
+"""``dstk generate``: write the best plan (or ``--pick N``) as a ready-to-run directory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dstk.commands.plan import add_intent_arguments, intent_from_args
+from dstk.errors import DstkError, UsageError
+
+HELP = "write ds_config.json, ds_config.hf.json, megatron.args, plan.json and a README for the best plan"
+DESCRIPTION = (
+    "Plan as `dstk plan` does, then write the chosen plan into --output: ds_config.json (for "
+    "deepspeed.initialize), ds_config.hf.json (for transformers' Trainer, with \"auto\"), megatron.args, "
+    "plan.json and README.md. Every config is validated before it is written; files are written atomically; "
+    "an existing non-empty directory is refused without --force."
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_intent_arguments(parser)
+    parser.add_argument("--output", "-o", required=True, metavar="DIR", help="run directory to write")
+    parser.add_argument("--force", action="store_true", help="overwrite the files in an existing DIR")
+    parser.add_argument("--pick", type=int, default=1, metavar="N",
+                        help="write the N-th plan of `dstk plan` (1 = best, the default)")
+    parser.add_argument("--format", choices=["human", "json"], default="human")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dstk import plan as planner
+    from dstk.render import write_files
+
+    if args.pick < 1:
+        raise UsageError(f"--pick {args.pick}: plans are numbered from 1", hint="use --pick 1 for the best plan")
+    intent = intent_from_args(args)
+    ctx = planner.resolve(intent)
+    result = planner.plan_intent(ctx, top=None)
+    if not result.plans:
+        fixes = planner.suggest_fixes(intent)
+        raise DstkError(planner.nothing_fits_message(ctx, result),
+                        hint="; ".join(fixes) if fixes else "no change dstk tried makes it fit")
+    if args.pick > len(result.plans):
+        raise UsageError(f"--pick {args.pick}: only {len(result.plans)} plans fit",
+                         hint=f"choose 1..{len(result.plans)} (see `dstk plan`)")
+    files = planner.run_dir_files(ctx, result, index=args.pick - 1)
+    written = write_files(args.output, files, force=args.force)
+    planner.check_written(args.output, files)
+    plan = json.loads(files["plan.json"])
+    if args.format == "json":
+        print(json.dumps({"output": str(args.output), "files": [p.name for p in written], "plan": plan}, indent=2))
+    else:
+        from dstk.plan import describe
+        from dstk.layout import Layout
+
+        layout = Layout.from_dict(plan["layout"])
+        print(f"wrote {args.output}/ ({', '.join(p.name for p in written)})", file=sys.stdout)
+        print(f"plan #{args.pick}: {describe(layout)}: {plan['memory']['per_gpu']['total_bytes'] / 2**30:.2f} GiB/GPU, "
+              f"{plan['time']['step_seconds']:.4g} s/step")
+        print(f"next: dstk validate {args.output}/ds_config.json; dstk launch {args.output}")
+    return 0

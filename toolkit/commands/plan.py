@@ -1,0 +1,150 @@
+"""``dstk plan``: rank every layout that fits, best first, and say why."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from dstk.errors import EXIT_INVALID, DstkError
+
+HELP = "rank the parallel layouts that fit a model on a cluster, and say why the best wins"
+DESCRIPTION = (
+    "Enumerate every consistent layout (dp x tp x pp, ZeRO 0-3, offload, micro-batch, recompute), drop what "
+    "does not fit in GPU memory with headroom, rank the rest by predicted step time (the simplest within 3% of "
+    "the fastest wins) and explain the choice. Input: an intent YAML file and/or flags (flags win). "
+    "Exit 0 with plans, 1 when nothing fits (with the smallest changes that would), 2 on usage errors."
+)
+
+# flag -> (intent section, field, argparse kwargs). Model and cluster flags match `dstk estimate`'s.
+_FLAGS: list[tuple[str, str, str, dict]] = [
+    ("--model", "model", "name", {"metavar": "NAME|PATH"}),
+    ("--num-layers", "model", "num_layers", {"type": int}),
+    ("--hidden-size", "model", "hidden_size", {"type": int}),
+    ("--num-heads", "model", "num_heads", {"type": int}),
+    ("--num-kv-heads", "model", "num_kv_heads", {"type": int}),
+    ("--ffn-hidden-size", "model", "ffn_hidden_size", {"type": int}),
+    ("--vocab-size", "model", "vocab_size", {"type": int}),
+    ("--nodes", "cluster", "num_nodes", {"type": int}),
+    ("--gpus-per-node", "cluster", "gpus_per_node", {"type": int}),
+    ("--gpu", "cluster", "gpu", {"metavar": "TYPE"}),
+    ("--interconnect", "cluster", "interconnect", {}),
+    ("--gpu-memory-gib", "cluster", "gpu_memory_gib", {"type": float}),
+    ("--gpu-tflops", "cluster", "gpu_tflops", {"type": float}),
+    ("--seq-len", "training", "seq_len", {"type": int}),
+    ("--global-batch", "training", "global_batch", {"type": int}),
+    ("--global-batch-tokens", "training", "global_batch_tokens", {"type": int}),
+    ("--num-tokens", "training", "num_tokens", {"type": int}),
+    ("--train-steps", "training", "train_steps", {"type": int}),
+    ("--precision", "training", "precision", {"choices": ["bf16", "fp16", "fp32"]}),
+    ("--optimizer", "training", "optimizer", {"choices": ["adamw", "adam", "sgd", "lion", "adafactor"]}),
+    ("--attention", "training", "attention", {"choices": ["sdpa", "flash", "eager"]}),
+    ("--lr", "training", "lr", {"type": float}),
+    ("--schedule", "training", "schedule", {"choices": ["cosine", "linear", "constant"]}),
+    ("--warmup-steps", "training", "warmup_steps", {"type": int}),
+    ("--engine", "constraints", "engine", {"choices": ["deepspeed", "megatron"]}),
+    ("--nvme-path", "constraints", "nvme_path", {}),
+    ("--max-tp", "constraints", "max_tp", {"type": int}),
+    ("--headroom", "constraints", "memory_headroom", {"type": float, "metavar": "FRACTION"}),
+    ("--dp", "constraints", "dp", {"type": int}),
+    ("--tp", "constraints", "tp", {"type": int}),
+    ("--pp", "constraints", "pp", {"type": int}),
+    ("--zero", "constraints", "zero_stage", {"type": int, "choices": [0, 1, 2, 3]}),
+    ("--micro-batch", "constraints", "micro_batch", {"type": int}),
+    ("--recompute", "constraints", "recompute", {"choices": ["none", "selective", "full"]}),
+    ("--offload-optimizer", "constraints", "offload_optimizer", {"choices": ["none", "cpu", "nvme"]}),
+    ("--offload-params", "constraints", "offload_params", {"choices": ["none", "cpu", "nvme"]}),
+    ("--virtual-stages", "constraints", "virtual_stages", {"type": int}),
+]
+
+
+def add_intent_arguments(parser: argparse.ArgumentParser, *, positional_help: str | None = None) -> None:
+    """The intent file and every intent field as a flag (shared by plan, generate, explain)."""
+    from dstk.intent import field_doc
+
+    parser.add_argument("intent", nargs="?", metavar="INTENT",
+                        help=positional_help or "intent YAML file (see examples/intents/); flags override it")
+    groups = {name: parser.add_argument_group(f"{name} (intent section `{name}`)")
+              for name in ("model", "cluster", "training", "constraints")}
+    for flag, section, field, kwargs in _FLAGS:
+        groups[section].add_argument(flag, dest=f"i_{section}__{field}", default=None,
+                                     help=field_doc(section, field), **kwargs)
+    groups["cluster"].add_argument("--gpus", dest="i_gpus", type=int, default=None, metavar="N",
+                                   help="total GPUs (sets --nodes from --gpus-per-node)")
+    groups["constraints"].add_argument("--no-offload", dest="i_constraints__offload", action="store_const",
+                                       const=False, default=None, help="never offload to CPU or NVMe")
+    groups["constraints"].add_argument("--tp-across-nodes", dest="i_constraints__tp_across_nodes",
+                                       action="store_const", const=True, default=None,
+                                       help="allow a TP group to span nodes")
+
+
+def intent_from_args(args: argparse.Namespace, *, path: str | None = None):
+    """The intent file (if any) with the flags applied over it."""
+    from dstk.errors import UsageError
+    from dstk.intent import load_intent, with_overrides
+
+    path = path if path is not None else args.intent
+    base = load_intent(path) if path else None
+    overrides: dict[str, dict] = {"model": {}, "cluster": {}, "training": {}, "constraints": {}}
+    for key, value in vars(args).items():
+        if key.startswith("i_") and "__" in key and value is not None:
+            section, field = key[2:].split("__", 1)
+            overrides[section][field] = value
+    if args.i_gpus is not None:
+        per_node = overrides["cluster"].get("gpus_per_node") or (base.cluster.gpus_per_node if base else 8)
+        if args.i_gpus < per_node and "gpus_per_node" not in overrides["cluster"]:
+            per_node = args.i_gpus
+        if args.i_gpus % per_node:
+            raise UsageError(f"--gpus {args.i_gpus} is not a multiple of --gpus-per-node {per_node}",
+                             hint="give a multiple, or set --gpus-per-node")
+        overrides["cluster"].update(num_nodes=args.i_gpus // per_node, gpus_per_node=per_node)
+    if base is None and not any(overrides["model"].values()):
+        raise UsageError("no intent file and no model",
+                         hint="pass an intent YAML (examples/intents/) or --model NAME / the model dimensions")
+    return with_overrides(base, overrides)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    add_intent_arguments(parser)
+    parser.add_argument("--format", choices=["human", "json"], default="human")
+    parser.add_argument("--top", type=int, default=10, metavar="N", help="plans to show (default 10)")
+
+
+def print_human(result, *, top: int, out=sys.stdout) -> None:
+    from dstk.plan import describe, gib
+
+    print(f"{result.num_fitting} of {result.num_considered} layouts fit in {gib(result.usable_bytes)} "
+          f"usable per GPU; best first:", file=out)
+    header = f"{'#':>3}  {'layout':<58} {'GiB/GPU':>8} {'s/step':>9} {'tok/s':>12} {'MFU':>5}"
+    print(header, file=out)
+    for i, p in enumerate(result.plans[:top], 1):
+        t = p.estimate.time
+        mfu = getattr(t, "mfu", None)
+        tps = getattr(t, "tokens_per_second", None)
+        print(f"{i:>3}  {describe(p.layout):<58} {p.estimate.memory.per_gpu.total_bytes / 2**30:>8.2f} "
+              f"{t.step_seconds:>9.4g} {tps if tps is None else f'{tps:,.0f}':>12} "
+              f"{'' if mfu is None else f'{mfu:.0%}':>5}", file=out)
+    print("\nwhy:", file=out)
+    for line in result.plans[0].why:
+        print(f"  - {line}", file=out)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dstk import plan as planner
+
+    intent = intent_from_args(args)
+    ctx = planner.resolve(intent)
+    result = planner.plan_intent(ctx, top=args.top)
+    if not result.plans:
+        fixes = planner.suggest_fixes(intent)
+        if args.format == "json":
+            data = result.to_dict(top=args.top)
+            data["suggestions"] = fixes
+            print(json.dumps(data, indent=2))
+        reason = planner.nothing_fits_message(ctx, result)
+        raise DstkError(reason, hint="; ".join(fixes) if fixes else "no change dstk tried makes it fit")
+    if args.format == "json":
+        print(json.dumps(result.to_dict(top=args.top), indent=2))
+    else:
+        print_human(result, top=args.top)
+    return 0 if result.plans else EXIT_INVALID
