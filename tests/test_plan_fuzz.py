@@ -3,9 +3,10 @@ the constraints it claims to know, and the search never crashes."""
 
 from __future__ import annotations
 
-from hypothesis import assume, given, settings
+from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
+from dstk.errors import DstkError
 from dstk.intent import Constraints
 from dstk.plan import MIN_MICRO_PER_STAGE, Search, candidate_layouts, empty_search_reason, micro_batches
 
@@ -74,3 +75,56 @@ def test_every_offered_layout_keeps_the_rules(s):
                 assert getattr(c, pin) is None or getattr(l, pin) == getattr(c, pin)
     if count == 0:
         assert empty_search_reason(s) is not None or c.zero_stage is not None or c.recompute is not None
+
+
+@st.composite
+def intents(draw):
+    from dstk.intent import intent_from_dict
+
+    model = draw(st.one_of(
+        st.sampled_from([{"name": "llama-3-8b"}, {"name": "gpt2-xl"}, {"name": "qwen2.5-7b"}, {"name": "llama-2-70b"}]),
+        st.fixed_dictionaries({"num_layers": st.integers(1, 48), "hidden_size": st.sampled_from([64, 256, 1024, 4096]),
+                               "num_heads": st.sampled_from([1, 2, 4, 8, 16]), "vocab_size": st.integers(100, 60000)}),
+    ))
+    data = {
+        "model": model,
+        "cluster": {"num_nodes": draw(st.sampled_from([1, 2, 4, 16])), "gpus_per_node": draw(st.sampled_from([1, 2, 8])),
+                    "gpu": draw(st.sampled_from(["h100-sxm", "a10", "a100-40gb", "cpu"]))},
+        "training": {"seq_len": draw(st.sampled_from([128, 1024, 4096])),
+                     "global_batch": draw(st.sampled_from([1, 8, 30, 64, 256])),
+                     "precision": draw(st.sampled_from(["bf16", "fp32"]))},
+        "constraints": {k: v for k, v in draw(constraint_kwargs).items() if v is not None},
+    }
+    try:
+        return intent_from_dict(data)
+    except DstkError:
+        assume(False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(intents())
+def test_planner_on_random_intents_keeps_its_own_rules(intent):
+    from dstk import plan as planner
+
+    try:
+        ctx = planner.resolve(intent)
+        result = planner.plan_intent(ctx, top=None)
+    except DstkError as exc:
+        assert exc.hint
+        event("refused with a hint")
+        return
+    event("plans" if result.plans else "nothing fits")
+    c, cl = intent.constraints, intent.cluster
+    for p in result.plans:
+        l = p.layout
+        assert l.world_size == cl.world_size and l.global_batch == ctx.training.global_batch
+        assert p.estimate.memory.per_gpu.total_bytes <= result.usable_bytes
+        assert ctx.model.num_heads % l.tp == 0 and ctx.model.num_kv_heads % l.tp == 0
+        assert l.tp <= cl.gpus_per_node or c.tp_across_nodes
+        assert l.pp == 1 or l.zero_stage <= 1
+        for pin in ("tp", "pp", "dp", "zero_stage", "recompute"):
+            assert getattr(c, pin) is None or getattr(l, pin) == getattr(c, pin)
+        assert p.why
+    if result.plans:
+        fastest = min(p.estimate.time.step_seconds for p in result.plans)
+        assert result.plans[0].estimate.time.step_seconds <= fastest * 1.03 + 1e-12

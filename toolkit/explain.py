@@ -98,7 +98,7 @@ def _stage_memory(plan: dict) -> list[dict]:
     pp = plan["layout"]["pp"]
     stages = memory.get("per_stage")
     if isinstance(stages, list) and stages:
-        return [{k: s.get(k) for k in (*MEMORY_TERMS, "total_bytes") if k in s} for s in stages]
+        return [{k: s.get(k) for k in (*MEMORY_TERMS, "total_bytes", "num_layers") if k in s} for s in stages]
     per_gpu = memory.get("per_gpu", {})
     return [{k: per_gpu.get(k) for k in (*MEMORY_TERMS, "total_bytes") if k in per_gpu} for _ in range(pp)]
 
@@ -111,7 +111,10 @@ def report(plan: dict, *, usable_bytes: int | None = None, capacity_bytes: int |
     num_layers = plan.get("model", {}).get("num_layers")
     time = plan.get("time", {})
     stages = _stage_memory(plan)
-    layers = list(stage_layers(num_layers, pp)) if num_layers and num_layers >= pp else None
+    if all("num_layers" in st for st in stages):  # the estimator's own partition
+        layers = [st["num_layers"] for st in stages]
+    else:
+        layers = list(stage_layers(num_layers, pp)) if num_layers and num_layers >= pp else None
     for i, st in enumerate(stages):
         st["stage"] = i
         if layers:
@@ -139,7 +142,7 @@ def report(plan: dict, *, usable_bytes: int | None = None, capacity_bytes: int |
     compute, comm = time.get("compute_seconds"), time.get("comm_seconds")
     if compute:
         out["time"]["comm_over_compute"] = (comm or 0.0) / compute
-    for key in ("breakdown", "comm_breakdown"):
+    for key in ("comm", "breakdown", "comm_breakdown"):
         if key in time:
             out["time"][key] = time[key]
     if pp > 1:
@@ -154,8 +157,14 @@ def report(plan: dict, *, usable_bytes: int | None = None, capacity_bytes: int |
     return out
 
 
-def _gib(n) -> str:
-    return "-" if n is None else f"{n / 2**30:.2f}"
+def _unit(stages: list[dict]) -> tuple[str, int]:
+    """GiB for real models, MiB when the largest stage is under 1 GiB (the CPU demo)."""
+    largest = max((s.get("total_bytes") or 0 for s in stages), default=0)
+    return ("GiB", 2**30) if largest >= 2**30 else ("MiB", 2**20)
+
+
+def _fmt(n, scale: int) -> str:
+    return "-" if n is None else f"{n / scale:.2f}"
 
 
 def render_text(rep: dict, *, console=None, pictures_note: str | None = None) -> None:
@@ -167,26 +176,27 @@ def render_text(rep: dict, *, console=None, pictures_note: str | None = None) ->
     lay = rep["layout"]
     con.print(f"[bold]Plan[/bold]: dp={lay['dp']} tp={lay['tp']} pp={lay['pp']} ZeRO-{lay['zero_stage']} "
               f"micro {lay['micro_batch']} x {lay['grad_accum']} recompute={lay['recompute']}")
-    mem = Table(title="Memory per GPU by stage (GiB)")
+    unit, scale = _unit(rep["memory"]["per_stage"])
+    mem = Table(title=f"Memory per GPU by stage ({unit})")
     mem.add_column("stage", justify="right")
     terms = [t for t in MEMORY_TERMS if any(t in s for s in rep["memory"]["per_stage"])]
     if rep["balance"]["layers_per_stage"]:
         mem.add_column("layers", justify="right")
     for t in terms:
-        mem.add_column(t.removesuffix("_bytes"), justify="right")
+        mem.add_column(t.removesuffix("_bytes").removesuffix("_bytes")[:6], justify="right")
     mem.add_column("total", justify="right")
-    mem.add_column("", justify="left")
+    mem.add_column("of usable", justify="left", no_wrap=True)
     usable = rep["memory"].get("usable_bytes")
     for s in rep["memory"]["per_stage"]:
         row = [str(s["stage"])]
         if rep["balance"]["layers_per_stage"]:
             row.append(str(s.get("num_layers", "-")))
-        row += [_gib(s.get(t)) for t in terms]
-        row.append(_gib(s.get("total_bytes")))
+        row += [_fmt(s.get(t), scale) for t in terms]
+        row.append(_fmt(s.get("total_bytes"), scale))
         bar = ""
         if usable and s.get("total_bytes") is not None:
-            filled = int(round(20 * min(1.0, s["total_bytes"] / usable)))
-            bar = "#" * filled + "." * (20 - filled) + f" {s['total_bytes'] / usable:.0%} of usable"
+            filled = int(round(10 * min(1.0, s["total_bytes"] / usable)))
+            bar = "#" * filled + "." * (10 - filled) + f" {s['total_bytes'] / usable:.0%}"
         row.append(bar)
         mem.add_row(*row)
     con.print(mem)
@@ -199,6 +209,9 @@ def render_text(rep: dict, *, console=None, pictures_note: str | None = None) ->
                      ("tokens_per_second", "{:,.0f}"), ("tflops_per_gpu", "{:.1f}"), ("mfu", "{:.1%}")):
         if t.get(key) is not None:
             tt.add_row(key.replace("_", " "), fmt.format(t[key]))
+    for kind, seconds in sorted((t.get("comm") or {}).items()):
+        if seconds:
+            tt.add_row(f"  comm {kind} (before overlap)", f"{seconds:.4g} s")
     con.print(tt)
     if "schedule" in rep:
         sch = rep["schedule"]
@@ -214,8 +227,19 @@ def render_text(rep: dict, *, console=None, pictures_note: str | None = None) ->
         con.print("[bold]Why[/bold]")
         for line in rep["why"]:
             con.print(f"  - {line}", highlight=False)
+    if rep.get("alternatives"):
+        alt = Table(title="Alternatives it beat")
+        for col in ("layout", "s/step", f"{unit}/GPU"):
+            alt.add_column(col, justify="left" if col == "layout" else "right")
+        for a in rep["alternatives"]:
+            from dstk.layout import Layout
+            from dstk.plan import describe
+
+            alt.add_row(describe(Layout.from_dict(a["layout"])), f"{a['step_seconds']:.4g}",
+                        _fmt(a.get("total_bytes"), scale))
+        con.print(alt)
     if pictures_note:
-        con.print(pictures_note)
+        con.print(pictures_note, markup=False, highlight=False)
 
 
 def _ascii_timeline(sch: dict) -> str:

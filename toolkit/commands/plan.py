@@ -110,8 +110,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top", type=int, default=10, metavar="N", help="plans to show (default 10)")
 
 
-def print_human(result, *, top: int, out=sys.stdout) -> None:
+def print_human(result, *, top: int, out=None) -> None:
     from dstk.plan import describe, gib
+
+    out = out or sys.stdout
 
     print(f"{result.num_fitting} of {result.num_considered} layouts fit in {gib(result.usable_bytes)} "
           f"usable per GPU; best first:", file=out)

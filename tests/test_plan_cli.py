@@ -1,0 +1,74 @@
+"""`dstk plan` end to end, with the real estimator and catalogs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dstk.cli import main
+from dstk.layout import Layout
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "examples" / "intents" / "tiny-llama-cpu.yaml")
+
+
+def _json(capsys, argv):
+    code = main(argv)
+    out = capsys.readouterr()
+    return code, (json.loads(out.out) if out.out.strip() else None), out.err
+
+
+def test_plan_json_shape_and_rules(capsys):
+    code, data, _ = _json(capsys, ["plan", TINY, "--format", "json", "--top", "50"])
+    assert code == 0
+    assert set(data) >= {"plans", "rejected", "num_considered", "num_fitting"}
+    plans = data["plans"]
+    assert 1 < len(plans) <= 50
+    for p in plans:
+        assert set(p) == {"layout", "memory", "time", "why"}
+        layout = Layout.from_dict(p["layout"])
+        assert layout.world_size == 2 and layout.global_batch == 8
+        assert p["memory"]["per_gpu"]["total_bytes"] <= data["usable_bytes_per_gpu"]
+        assert p["why"]
+    fastest = min(p["time"]["step_seconds"] for p in plans)
+    assert plans[0]["time"]["step_seconds"] <= fastest * 1.03  # the playbook stays within 3%
+    rest = [p["time"]["step_seconds"] for p in plans[1:]]
+    assert rest == sorted(rest)
+
+
+def test_human_output_has_table_and_why(capsys):
+    assert main(["plan", TINY]) == 0
+    out = capsys.readouterr().out
+    assert "layouts fit" in out and "why:" in out and "dp=2" in out
+
+
+def test_flags_win_over_the_intent(capsys):
+    code, data, _ = _json(capsys, ["plan", TINY, "--global-batch", "16", "--zero", "2", "--format", "json"])
+    assert code == 0
+    assert all(Layout.from_dict(p["layout"]).global_batch == 16 for p in data["plans"])
+    assert {p["layout"]["zero_stage"] for p in data["plans"]} == {2}
+
+
+def test_nothing_fits_exits_1_with_the_smallest_changes(capsys):
+    argv = ["plan", "--model", "llama-2-70b", "--gpus", "8", "--gpu", "a10", "--seq-len", "4096",
+            "--global-batch", "64", "--no-offload"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "nothing fits on 1 x 8 a10" in err and "GiB per GPU" in err
+    assert "fix:" in err and "more GPUs" in err and "fits" in err
+    code, data, _ = _json(capsys, argv + ["--format", "json"])
+    assert code == 1 and data["plans"] == [] and data["suggestions"]
+
+
+def test_an_inconsistent_intent_is_explained(capsys):
+    code = main(["plan", TINY, "--global-batch", "3", "--dp", "2"])
+    assert code == 1
+    assert "does not divide" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["plan"], ["plan", "--gpus", "8"], ["plan", "/no/such/intent.yaml"]])
+def test_usage_errors_exit_2(argv, capsys):
+    assert main(argv) == 2
+    assert "fix:" in capsys.readouterr().err
