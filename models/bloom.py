@@ -45,7 +45,8 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
     return ModelSpec(
         name=name, family=FAMILY, num_layers=first(cfg, "n_layer", "num_hidden_layers", default=2), hidden_size=h,
         num_heads=heads, num_kv_heads=heads, head_dim=h // heads, vocab_size=vocab, ffn_hidden_size=4 * h,
-        seq_len=cfg.get("seq_length"), tied_embeddings=tied, gated_mlp=False, norm="layernorm",
+        seq_len=cfg.get("seq_length"), tied_embeddings=tied, gated_mlp=False, norm="layernorm", activation="bloom_gelu",
+        rotary=False, dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
         embedding_tensors=(vocab * h,) + norm(h, bias=True), layer_tensors=layer, final_tensors=norm(h, bias=True),
         lm_head_tensors=() if tied else linear(h, vocab, False), hf_config=dict(cfg),
     )

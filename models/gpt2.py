@@ -43,7 +43,8 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
     return ModelSpec(
         name=name, family=FAMILY, num_layers=first(cfg, "n_layer", "num_hidden_layers"), hidden_size=h,
         num_heads=heads, num_kv_heads=heads, head_dim=h // heads, vocab_size=vocab, ffn_hidden_size=inner,
-        seq_len=positions, tied_embeddings=tied, gated_mlp=False, norm="layernorm",
+        seq_len=positions, tied_embeddings=tied, gated_mlp=False, norm="layernorm", rotary=False,
+        activation=cfg.get("activation_function", "gelu_new"), dropout=float(cfg.get("attn_pdrop", 0.1)),
         embedding_tensors=(vocab * h, positions * h), layer_tensors=layer, final_tensors=norm(h, bias=True),
         lm_head_tensors=() if tied else linear(h, vocab, False), hf_config=dict(cfg),
     )

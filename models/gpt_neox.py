@@ -49,6 +49,7 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
         name=name, family=FAMILY, num_layers=cfg["num_hidden_layers"], hidden_size=h, num_heads=heads,
         num_kv_heads=heads, head_dim=h // heads, vocab_size=vocab, ffn_hidden_size=ffn,
         seq_len=cfg.get("max_position_embeddings"), tied_embeddings=tied, gated_mlp=False, norm="layernorm",
+        activation=cfg.get("hidden_act", "gelu"), dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
         embedding_tensors=(vocab * h,), layer_tensors=layer, final_tensors=norm(h, bias=True),
         lm_head_tensors=() if tied else linear(h, vocab, False), hf_config=dict(cfg),
     )

@@ -78,6 +78,7 @@ def llama_like(cfg: dict, *, name: str, family: str, qkv_bias: bool, o_bias: boo
         num_kv_heads=kv, head_dim=head_dim, vocab_size=vocab, ffn_hidden_size=ffn,
         seq_len=cfg.get("max_position_embeddings"), tied_embeddings=tied, gated_mlp=True, norm="rmsnorm",
         num_experts=num_experts, experts_per_token=experts_per_token,
+        activation=cfg.get("hidden_act", "silu"), dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
         embedding_tensors=(vocab * h,), layer_tensors=layer, expert_tensors=expert,
         final_tensors=norm(h, bias=False), lm_head_tensors=() if tied else linear(h, vocab, False),
         hf_config=dict(cfg),

@@ -54,7 +54,8 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
     return ModelSpec(
         name=name, family=FAMILY, num_layers=cfg["num_hidden_layers"], hidden_size=h, num_heads=heads,
         num_kv_heads=heads, head_dim=h // heads, vocab_size=vocab, ffn_hidden_size=ffn, seq_len=positions,
-        tied_embeddings=tied, gated_mlp=False, norm="layernorm",
+        tied_embeddings=tied, gated_mlp=False, norm="layernorm", rotary=False,
+        activation=cfg.get("activation_function", "relu"), dropout=float(cfg.get("dropout", 0.1)),
         embedding_tensors=embed, layer_tensors=layer, final_tensors=final,
         lm_head_tensors=() if tied else linear(proj, vocab, False), hf_config=dict(cfg),
     )

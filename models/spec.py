@@ -47,6 +47,12 @@ class ModelSpec:
     gated_mlp: bool = True
     """SwiGLU/GeGLU (three matrices) rather than a plain two-matrix MLP."""
     norm: Norm = "rmsnorm"
+    activation: str = "silu"
+    """MLP activation as HF names it (silu, gelu_new, gelu, relu, ...): decides what backward keeps."""
+    dropout: float = 0.0
+    """Attention/residual dropout the HF config trains with (GPT-2: 0.1; Llama-style: 0)."""
+    rotary: bool = True
+    """Rotary position embeddings (cos/sin tables saved once per forward) rather than learned ones."""
     num_experts: int = 1
     """Experts per MoE layer; 1 for a dense model."""
     experts_per_token: int = 1

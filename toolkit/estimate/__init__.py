@@ -15,7 +15,7 @@ from dstk.estimate import memory as mem
 from dstk.estimate import timing as tm
 from dstk.layout import Layout, Training
 
-__all__ = ["Estimate", "MemoryBreakdown", "Memory", "Time", "ZeroBuffers", "estimate", "SOURCES"]
+__all__ = ["Estimate", "MemoryBreakdown", "Memory", "Time", "ZeroBuffers", "estimate", "saved_activation_bytes", "SOURCES"]
 
 ZeroBuffers = mem.ZeroBuffers
 
@@ -152,6 +152,8 @@ class _Facts:
     vocab: int
     shape: mem.LayerShape | None
     attention_width: int
+    rotary: bool = True
+    head_dim: int = 1
 
 
 _CACHE: dict[int, tuple[Any, _Facts]] = {}
@@ -180,14 +182,22 @@ def _model_facts(model) -> _Facts:
             largest_tensor=model.largest_tensor, hidden=h, vocab=model.vocab_size,
             shape=mem.LayerShape(hidden=h, q_width=model.attention_width, kv_width=model.num_kv_heads * model.head_dim,
                                  ffn=model.ffn_hidden_size * model.experts_per_token, heads=model.num_heads,
-                                 gated=model.gated_mlp, rmsnorm=model.norm == "rmsnorm",
-                                 grouped=model.num_kv_heads < model.num_heads),
+                                 mlp_saved=4 if model.gated_mlp else mem.MLP_SAVED.get(model.activation, 2),
+                                 rmsnorm=model.norm == "rmsnorm", dropout=model.dropout > 0,
+                                 softmax_fp32=model.norm == "rmsnorm"),
+            rotary=model.rotary, head_dim=model.head_dim,
             attention_width=model.attention_width,
         )
     if len(_CACHE) > 256:
         _CACHE.clear()
     _CACHE[id(model)] = (model, facts)
     return facts
+
+
+def _checkpointed_mask(f: _Facts, attention: str, recompute: str) -> bool:
+    """GPT-style (LayerNorm) HF models hand eager attention a materialised mask, which full
+    recompute keeps as a checkpoint input (``memory.model_io_bytes``)."""
+    return recompute == "full" and attention == "eager" and f.shape is not None and not f.shape.rmsnorm
 
 
 def stage_layers(num_layers: int, pp: int) -> list[int]:
@@ -240,16 +250,24 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
     layer_persistent = sum(t for t in f.layer_persistent if (t if t in (f.hidden,) else t / tp) <= threshold) \
         if layout.zero_stage == 3 else 0
     per_layer_act = full_layer_act = 0.0
+    io_first = io_last = 0.0
     if known:
         shape = f.shape if tp == 1 else dataclasses.replace(
             f.shape, q_width=f.shape.q_width // tp, kv_width=max(1, f.shape.kv_width // tp),
             ffn=f.shape.ffn // tp, heads=max(1, f.shape.heads // tp))
         sp = tp if layout.sequence_parallel else 1
         kw = dict(shape=shape, tokens=tokens_mb, seq_len=training.seq_len, act_bytes=w,
-                  attention=training.attention, sequence_parallel_tp=sp)
+                  attention=training.attention, sequence_parallel_tp=sp, fused_dropout=not gpu.is_cpu)
         per_layer_act = mem.layer_activation_bytes(recompute=layout.recompute, **kw)
         if layout.recompute == "full":
+            # Backward re-runs one layer at a time: one layer's activations are live on top of
+            # the checkpointed inputs (Chen et al. 2016 §3).
             full_layer_act = mem.layer_activation_bytes(recompute="none", **kw)
+        io_first, io_last = mem.model_io_bytes(tokens=tokens_mb, seq_len=training.seq_len, hidden=f.hidden,
+                                               vocab=f.vocab, act_bytes=w, rmsnorm=shape.rmsnorm,
+                                               dropout=shape.dropout, rotary=f.rotary, head_dim=f.head_dim, tp=tp,
+                                               checkpointed_mask=_checkpointed_mask(f, training.attention,
+                                                                                    layout.recompute))
 
     stages = []
     cpu_total = nvme_total = 0.0
@@ -281,10 +299,9 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
             held = mem.in_flight_microbatches(pp=pp, stage=i, grad_accum=m, virtual_stages=layout.virtual_stages)
             act = n * per_layer_act * held + full_layer_act
             if first:
-                act += 8.0 * tokens_mb * held  # input ids (int64) kept by the embedding's backward
+                act += io_first * held
             if last:
-                act += mem.logits_bytes(tokens=tokens_mb, vocab=f.vocab, act_bytes=w, tp=tp)
-                act += tokens_mb * f.hidden * (4 + w if f.shape.rmsnorm else w)  # final norm
+                act += io_last
         stages.append(MemoryBreakdown(
             stage=i, num_layers=n, params_bytes=int(states.params_bytes),
             grads_bytes=int(states.grads_bytes + states.step_grads_bytes),
@@ -378,3 +395,19 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
 
 
 _DEFAULT_BUFFERS = mem.ZeroBuffers()
+
+
+def saved_activation_bytes(*, model, micro_batch: int, seq_len: int, precision: str = "bf16", attention: str = "sdpa",
+                           recompute: str = "none", cpu: bool = False) -> float:
+    """Bytes autograd saves for backward in one forward of ``model`` (no parallelism): what
+    ``torch.autograd.graph.saved_tensors_hooks`` sees. ``estimate`` adds the pipeline's in-flight
+    micro-batches and, under full recompute, the one layer being recomputed."""
+    f = _model_facts(model)
+    w = mem.param_bytes(precision)
+    tokens = micro_batch * seq_len
+    layer = mem.layer_activation_bytes(shape=f.shape, tokens=tokens, seq_len=seq_len, act_bytes=w, attention=attention,
+                                       recompute=recompute, fused_dropout=not cpu)
+    first, last = mem.model_io_bytes(tokens=tokens, seq_len=seq_len, hidden=f.hidden, vocab=f.vocab, act_bytes=w,
+                                     rmsnorm=f.shape.rmsnorm, dropout=f.shape.dropout, rotary=f.rotary,
+                                     head_dim=f.head_dim, checkpointed_mask=_checkpointed_mask(f, attention, recompute))
+    return f.layers * layer + first + last

@@ -139,6 +139,13 @@ def live_param_bytes(*, zero_stage: int, precision: str, params: float, largest_
 # --- activations ---------------------------------------------------------------------------------
 
 
+MLP_SAVED = {"silu": 4, "swiglu": 4, "gelu_pytorch_tanh": 4, "gelu_new": 5, "gelu": 2, "bloom_gelu": 2, "relu": 1}
+"""Tensors of width ``ffn`` an MLP saves for backward, by HF activation (measured with
+``saved_tensors_hooks``): gated MLPs keep gate, up, act(gate) and the product (4); GPT-2's
+python ``gelu_new`` keeps fc1's output and three intermediates plus fc2's input (5); a fused
+GELU its input and fc2's input (2); ReLU its output, which is fc2's input (1)."""
+
+
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
 class LayerShape:
     """What the activation formulas need of one transformer layer (already divided by TP)."""
@@ -149,62 +156,82 @@ class LayerShape:
     kv_width: int
     """kv_heads * head_dim / tp."""
     ffn: int
-    """MLP width / tp (per active expert for MoE: times experts_per_token)."""
+    """MLP width / tp (times experts_per_token for MoE: each routed token runs k experts)."""
     heads: int
     """Attention heads / tp."""
-    gated: bool
-    rmsnorm: bool
-    grouped: bool
-    """K/V are repeated to all heads before attention (HF's ``repeat_kv``) when kv < heads."""
+    mlp_saved: int = 4
+    """``MLP_SAVED`` of the activation."""
+    rmsnorm: bool = True
+    dropout: bool = False
+    """The model trains with dropout (GPT-2): masks are saved, and CPU sdpa falls back to math."""
+    softmax_fp32: bool = True
+    """HF's Llama-style eager attention computes the softmax in fp32 and casts it back."""
+
+
+def norm_bytes(*, hidden: int, act_bytes: int, rmsnorm: bool) -> float:
+    """Per token: HF's RMSNorm upcasts its input to fp32 (``4h``), keeps ``rsqrt`` (4), the
+    normalised value cast back (``wh``, saved by the weight multiply) and the output (``wh``,
+    saved by the next matmul); ``nn.LayerNorm`` keeps input, mean, rstd and output (``2wh + 8``)."""
+    return (4 * hidden + 4 + 2 * act_bytes * hidden) if rmsnorm else (2 * act_bytes * hidden + 8)
 
 
 def layer_activation_bytes(*, shape: LayerShape, tokens: int, seq_len: int, act_bytes: int, attention: str,
-                           recompute: str, sequence_parallel_tp: int = 1) -> float:
+                           recompute: str, sequence_parallel_tp: int = 1, fused_dropout: bool = True) -> float:
     """Bytes one layer saves for backward for ``tokens = b * s`` tokens of one micro-batch.
 
-    Follows Korthikanti et al. 2022 (Table 2: ``sbh(34 + 5as/h)`` for a GPT layer in fp16 with
-    dropout masks), re-derived for what HF's modules save with no dropout (Llama-style models
-    train with dropout 0): per token, with ``w`` bytes per activation,
+    Korthikanti et al. 2022 (Table 2) give ``sbh(34 + 5as/h)`` for a Megatron GPT layer in fp16
+    with 1-byte dropout masks; HF's modules save a different set, measured here with
+    ``torch.autograd.graph.saved_tensors_hooks`` (``tests/test_estimate_activations.py``).
+    Per token, ``w`` bytes per activation, ``q``/``kv`` projection widths, ``a`` heads:
 
-    - each norm: its input and output (RMSNorm upcasts to fp32 first: ``4h + wh``);
-    - attention: the q/k/v input is the norm output (counted once), rotated q and k
-      (``w(q + kv)``), v (``w kv``), K/V repeated to all heads for eager attention when grouped
-      (``2 w q``), the output-projection input (``w q``); eager attention adds the fp32 softmax
-      and its bf16 copy ``(4 + w) a s`` per token, sdpa/flash keep only a log-sum-exp
-      (``4 a``) and the output;
-    - MLP: gated (SwiGLU) saves gate, up, act(gate) and their product (``4 w f``) plus its
-      input; a plain MLP saves the fc1 output and the activation output (``2 w f``).
+    - two norms (``norm_bytes``), Llama-style or GPT-style;
+    - fused attention (sdpa/flash): q, k, v and the output, which is also o_proj's input:
+      ``w(2q + 2kv)``, plus the fp32 log-sum-exp ``4a``;
+    - materialised attention (eager, or sdpa's math fallback when dropout runs on a CPU): q,
+      K and V repeated to all heads, o_proj's input (``4wq``), and per score: the fp32 softmax
+      (``4``; Llama-style: plus its cast back, ``w``; GPT-2 in its own dtype) and, with dropout,
+      mask and output (``2w``): that is Korthikanti's ``5as/h`` term;
+    - the MLP: ``MLP_SAVED[act] * w * f``; with dropout, one ``wh`` mask per residual branch.
 
-    Selective recompute drops the attention-score terms (Korthikanti §4.2); full recompute keeps
-    only the layer input ``w h`` (Chen et al. 2016). Sequence parallelism divides the terms TP
-    does not (norms, residual input) by ``t``.
+    Selective recompute drops the score terms (Korthikanti §4.2); full recompute keeps only the
+    checkpointed layer input ``wh`` (HF ``gradient_checkpointing``, Chen et al. 2016).
+    Sequence parallelism divides the norm and dropout terms by ``t`` (Korthikanti §4.2.2).
     """
     h, q, kv, f, a = shape.hidden, shape.q_width, shape.kv_width, shape.ffn, shape.heads
     w = act_bytes
     if recompute == "full":
         return float(w * h * tokens) / sequence_parallel_tp
-    norm = (4 * h + (w * h if w != 4 else 4 * h)) if shape.rmsnorm else (w * h + 8)
-    replicated = 2 * norm / sequence_parallel_tp
-    attn = w * (q + kv) + w * kv + w * q
-    if attention == "eager" and recompute == "none":
-        attn += (2 * w * q if shape.grouped else 0) + (4 + (w if w != 4 else 0)) * a * seq_len
+    replicated = 2 * norm_bytes(hidden=h, act_bytes=w, rmsnorm=shape.rmsnorm) + (2 * w * h if shape.dropout else 0)
+    materialised = attention == "eager" or (attention == "sdpa" and shape.dropout and not fused_dropout)
+    if materialised and recompute == "none":
+        softmax = (4 + (w if w != 4 else 0)) if shape.softmax_fp32 else w
+        attn = 4 * w * q + (softmax + (2 * w if shape.dropout else 0)) * a * seq_len
+    elif materialised:  # selective: scores recomputed, the rest as eager keeps it
+        attn = 4 * w * q
     else:
-        attn += 4 * a + w * q
-    mlp = (4 * w * f) if shape.gated else (2 * w * f)
-    return float((replicated + attn + mlp) * tokens)
+        attn = w * (2 * q + 2 * kv) + 4 * a
+    mlp = shape.mlp_saved * w * f
+    return float((replicated / sequence_parallel_tp + attn + mlp) * tokens)
 
 
-def full_recompute_peak_bytes(*, layer_bytes_no_recompute: float) -> float:
-    """Under full recompute, backward re-runs one layer at a time: one layer's full activations
-    are live on top of the saved inputs (Chen et al. 2016, §3)."""
-    return layer_bytes_no_recompute
+def model_io_bytes(*, tokens: int, seq_len: int, hidden: int, vocab: int, act_bytes: int, rmsnorm: bool,
+                   dropout: bool, rotary: bool, head_dim: int, tp: int = 1,
+                   checkpointed_mask: bool = False) -> tuple[float, float]:
+    """(first stage, last stage) bytes outside the layers: token ids (int64), rotary cos/sin
+    (``2 s d w``, once per forward) or learned position ids, the embedding dropout mask; the final
+    norm, HF's fp32 log-softmax of the logits (``4V`` per token, the largest term for big
+    vocabularies; Megatron counts the same ``4sbV``) and the int64 labels.
 
-
-def logits_bytes(*, tokens: int, vocab: int, act_bytes: int, tp: int = 1) -> float:
-    """The last stage's output layer: bf16 logits, HF's fp32 upcast for the loss and
-    cross-entropy's saved log-softmax (``w + 4 + 4`` bytes per vocabulary entry per token;
-    Megatron counts ``4sbV`` fp32 only, theoretical_memory_usage.py)."""
-    return float(tokens * vocab * (act_bytes + (4 if act_bytes != 4 else 0) + 4) / tp)
+    ``checkpointed_mask``: under full recompute each checkpointed layer keeps its inputs, and
+    GPT-2's eager attention takes a materialised ``[b, 1, s, s]`` additive mask (one shared
+    storage, ``b s^2 w``; measured); Llama-style eager attention passes none."""
+    first = 8.0 * tokens + (2.0 * seq_len * head_dim * act_bytes if rotary else 8.0 * seq_len)
+    if dropout:
+        first += act_bytes * hidden * tokens
+    if checkpointed_mask:
+        first += tokens * seq_len * act_bytes
+    last = tokens * (norm_bytes(hidden=hidden, act_bytes=act_bytes, rmsnorm=rmsnorm) + 4.0 * vocab / tp + 8.0)
+    return first, last
 
 
 def in_flight_microbatches(*, pp: int, stage: int, grad_accum: int, virtual_stages: int = 1) -> float:
