@@ -352,21 +352,33 @@ def loss_reason(alt: Candidate, winner: Candidate) -> str:
     t = _time(alt.estimate)
     ratio = alt.step_seconds / winner.step_seconds if winner.step_seconds else float("inf")
     head = f"{kind(alt.layout)} ({describe(alt.layout)}): {alt.step_seconds:.3g} s/step, {ratio:.2f}x the winner"
+    if ratio < 1:  # faster, but inside the tie band: the playbook chose the simpler layout
+        return f"{head}; within {TIE_FRACTION:.0%}, and {_simpler_reason(winner.layout, alt.layout)} wins the tie"
     layout = alt.layout
     compute = getattr(t, "compute_seconds", None) or 0.0
     comm = getattr(t, "comm_seconds", None) or 0.0
+    by_kind = dict(getattr(t, "comm", None) or {})
     bubble = getattr(t, "bubble_fraction", None) or 0.0
     if layout.pp > 1 and bubble >= 0.05:
         return f"{head}; pp={layout.pp} with {layout.grad_accum} micro-batches: bubble {bubble:.0%}"
     if layout.offload_optimizer != "none" or layout.offload_params != "none":
-        return f"{head}; offload moves optimizer work to the {layout.offload_optimizer} side of PCIe"
-    if compute and comm > 0.1 * compute:
-        what = {3: "parameter gathers and gradient reduce-scatters"}.get(layout.zero_stage, "communication")
-        if layout.tp > 1:
-            what = f"TP all-reduces over {layout.tp} GPUs plus gradient reduction"
-        return f"{head}; {what} take {comm / compute:.1f}x the compute ({comm:.3g} s vs {compute:.3g} s)"
+        moved = by_kind.get("offload", 0.0)
+        extra = f" ({moved:.3g} s of PCIe traffic per step)" if moved else ""
+        return f"{head}; offload runs the optimizer step on the {layout.offload_optimizer} side of PCIe{extra}"
+    named = [("zero3_gather", "parameter gathers"), ("tp", f"TP all-reduces over {layout.tp} GPUs"),
+             ("dp", "gradient reduction"), ("pp", "pipeline sends")]
+    if compute:
+        for key, words in named:
+            seconds = by_kind.get(key, 0.0)
+            if seconds > 0.1 * compute:
+                hidden = " (partly hidden behind compute)" if comm < seconds else ""
+                return f"{head}; {words} take {seconds / compute:.1f}x the compute ({seconds:.3g} s vs {compute:.3g} s){hidden}"
+        if comm > 0.1 * compute:
+            return f"{head}; exposed communication takes {comm / compute:.1f}x the compute"
     if layout.recompute != "none" and winner.layout.recompute == "none":
         return f"{head}; recompute={layout.recompute} repeats the forward pass"
+    if layout.recompute != "none":
+        return f"{head}; it needs recompute={layout.recompute} to fit"
     return head
 
 
