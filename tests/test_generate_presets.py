@@ -88,3 +88,14 @@ def test_deepspeed_rejects_a_broken_triad(ds_parse):
     config["train_batch_size"] = 3
     with pytest.raises(AssertionError):
         ds_parse(config, dp=4)
+
+
+@pytest.mark.parametrize("path", DS_FILES + HF_FILES, ids=lambda p: f"{p.parent.name}-{p.stem}")
+def test_presets_have_no_findings_from_dstk_validate(path):
+    from dstk.validate import validate_config
+
+    config = json.loads(path.read_text())
+    tp = config.get("tensor_parallel", {}).get("autotp_size", 1)
+    pp = 2 if "pipeline" in config else 1
+    findings = validate_config(config, world_size=8, tensor_parallel=tp, pipeline_stages=pp, hf=path.parent.name == "hf")
+    assert findings == []
