@@ -158,7 +158,7 @@ def adapter_for(model: Any) -> PipelineAdapter:
     except ImportError:
         module = None
     adapter = getattr(module, "PIPELINE_ADAPTER", None)
-    if adapter is None:
+    if adapter is None:  # until every family file carries its section (shared files, see families.py)
         from dstk.pipeline import families
 
         adapter = families.BUILTIN.get(model_type)

@@ -9,13 +9,16 @@ Layer order (the index DeepSpeed uses in checkpoint file names ``layer_XX-model_
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from dstk.errors import DstkError
 from dstk.pipeline.adapter import PipelineAdapter, adapter_for
-from dstk.pipeline.partition import METHODS, LayerCost, StagePlan, layer_costs, plan_stages
+from dstk.pipeline.partition import METHODS, LayerCost, StagePlan, format_stages, layer_costs, plan_stages
+
+log = logging.getLogger("dstk.pipeline")
 
 TIED_KEY = "embed"
 
@@ -198,6 +201,9 @@ def _build(model: Any, source: Any, *, num_stages: int, partition: str, activati
         dynamic_shape=dynamic_shape,
     )
     pipe.dstk_stages = stages
+    if pipe.global_rank == 0:
+        log.info("%s in %d stages (partition=%s):\n%s", type(model).__name__, num_stages, partition,
+                 format_stages(stages))
     pipe.dstk_adapter = adapter
     pipe.hf_config = config
     return pipe

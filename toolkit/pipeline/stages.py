@@ -140,15 +140,13 @@ class HeadPipe(nn.Module):
 
 class TiedHead:
     """The ``forward_fn`` of the last stage's ``TiedLayerSpec``: logits from the shared
-    embedding matrix (plus the head's bias, if the HF head has one)."""
+    embedding matrix (tied HF heads have no bias)."""
 
-    def __init__(self, *, config: Any, bias: torch.Tensor | None = None):
+    def __init__(self, *, config: Any):
         self._config = config
-        self._bias = bias
 
     def __call__(self, embed: EmbedPipe, hidden: torch.Tensor) -> torch.Tensor:
-        logits = nn.functional.linear(hidden, embed.tokens.weight, self._bias)
-        return _softcap(logits, self._config)
+        return _softcap(nn.functional.linear(hidden, embed.tokens.weight), self._config)
 
 
 def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
