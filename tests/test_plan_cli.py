@@ -72,3 +72,15 @@ def test_an_inconsistent_intent_is_explained(capsys):
 def test_usage_errors_exit_2(argv, capsys):
     assert main(argv) == 2
     assert "fix:" in capsys.readouterr().err
+
+
+def test_a_custom_gpu_from_a_hardware_file(tmp_path, capsys):
+    hw = tmp_path / "hw.yaml"
+    hw.write_text("gpus:\n  small-gpu: {base: a10, memory_gib: 2}\n")
+    argv = ["plan", "--model", "gpt2", "--gpus", "2", "--gpu", "small-gpu", "--seq-len", "1024",
+            "--global-batch", "8", "--format", "json"]
+    assert main(argv) == 1  # unknown GPU without the file
+    capsys.readouterr()
+    code, data, _ = _json(capsys, argv + ["--hardware", str(hw)])
+    assert code == 0
+    assert data["usable_bytes_per_gpu"] == int(2 * 2**30 * 0.9)

@@ -104,6 +104,8 @@ class ClusterIntent:
     """Override the GPU's memory (GiB), for a GPU not in the catalog or a partitioned one."""
     gpu_tflops: float | None = None
     """Override the GPU's dense 16-bit peak (TFLOP/s)."""
+    hardware: str | None = None
+    """A YAML/JSON file adding or changing GPUs and networks (the same file `dstk estimate --hardware` reads)."""
 
     def __post_init__(self) -> None:
         _positive("cluster.num_nodes", self.num_nodes, allow_none=False)

@@ -509,7 +509,8 @@ def resolve(intent) -> Context:
         except ValueError as exc:
             raise DstkError(f"model: {exc}", hint="fix the model dimensions") from None
     cl = intent.cluster
-    gpu = hardware.get_gpu(cl.gpu)
+    gpus, nets = hardware.load_catalog(cl.hardware) if cl.hardware else (None, None)
+    gpu = hardware.get_gpu(cl.gpu, catalog=gpus)
     changes = {}
     if cl.gpu_memory_gib is not None:
         changes["memory_bytes"] = int(cl.gpu_memory_gib * 2**30)
@@ -517,7 +518,7 @@ def resolve(intent) -> Context:
         changes.update(bf16_flops=cl.gpu_tflops * 1e12, fp16_flops=cl.gpu_tflops * 1e12)
     if changes:
         gpu = dc.replace(gpu, **changes)
-    net = hardware.get_interconnect(cl.interconnect or hardware.default_interconnect(gpu.slug))
+    net = hardware.get_interconnect(cl.interconnect or hardware.default_interconnect(gpu.slug), catalog=nets)
     cluster = hardware.Cluster(num_nodes=cl.num_nodes, gpus_per_node=cl.gpus_per_node, gpu=gpu, interconnect=net)
     training = intent.training.to_training()
     search = Search(

@@ -31,6 +31,7 @@ _FLAGS: list[tuple[str, str, str, dict]] = [
     ("--interconnect", "cluster", "interconnect", {}),
     ("--gpu-memory-gib", "cluster", "gpu_memory_gib", {"type": float}),
     ("--gpu-tflops", "cluster", "gpu_tflops", {"type": float}),
+    ("--hardware", "cluster", "hardware", {"metavar": "FILE"}),
     ("--seq-len", "training", "seq_len", {"type": int}),
     ("--global-batch", "training", "global_batch", {"type": int}),
     ("--global-batch-tokens", "training", "global_batch_tokens", {"type": int}),
