@@ -52,3 +52,12 @@ def test_report_of_a_pipeline_plan():
     assert len(rep["memory"]["per_stage"]) == 4
     flat = report(dict(plan, layout=dict(plan["layout"], pp=1, dp=8)))
     assert "schedule" not in flat
+
+
+def test_interleaved_plans_report_the_smaller_bubble():
+    plan = {"layout": {"dp": 1, "tp": 1, "pp": 4, "zero_stage": 0, "micro_batch": 1, "grad_accum": 8,
+                       "virtual_stages": 2, "recompute": "none"},
+            "memory": {"per_gpu": {"total_bytes": 1}}, "time": {}}
+    sch = report(plan)["schedule"]
+    assert sch["bubble_fraction"] == pytest.approx(3 / 8)
+    assert sch["interleaved_bubble_fraction"] == pytest.approx(3 / 16)

@@ -84,3 +84,21 @@ def test_a_custom_gpu_from_a_hardware_file(tmp_path, capsys):
     code, data, _ = _json(capsys, argv + ["--hardware", str(hw)])
     assert code == 0
     assert data["usable_bytes_per_gpu"] == int(2 * 2**30 * 0.9)
+
+
+def test_plan_generate_explain_paths_stay_light(tmp_path):
+    """The fast commands must not pull in torch/deepspeed/transformers/datasets on their path."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom dstk.cli import main\n"
+        f"assert main(['plan', {TINY!r}, '--format', 'json']) == 0\n"
+        f"assert main(['generate', {TINY!r}, '--output', {str(tmp_path / 'run')!r}]) == 0\n"
+        f"assert main(['explain', {str(tmp_path / 'run')!r}, '--format', 'json']) == 0\n"
+        "heavy = [m for m in ('torch', 'deepspeed', 'transformers', 'datasets', 'matplotlib') if m in sys.modules]\n"
+        "print('HEAVY=' + ','.join(heavy), file=sys.stderr)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "HEAVY=\n" in out.stderr, out.stderr[-500:]

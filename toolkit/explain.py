@@ -154,6 +154,10 @@ def report(plan: dict, *, usable_bytes: int | None = None, capacity_bytes: int |
             "formula": "(p - 1) / m",
             "slots": [dataclasses.asdict(s) for s in slots] if pp * m <= 512 else None,
         }
+        v = layout.get("virtual_stages", 1)
+        if v > 1:  # the picture is plain 1F1B; interleaving divides the bubble by v (Narayanan 2021 §2.2.2)
+            out["schedule"]["virtual_stages"] = v
+            out["schedule"]["interleaved_bubble_fraction"] = (pp - 1) / (m * v)
     return out
 
 
@@ -217,6 +221,9 @@ def render_text(rep: dict, *, console=None, pictures_note: str | None = None) ->
         sch = rep["schedule"]
         con.print(f"1F1B schedule: {sch['num_stages']} stages x {sch['num_micro_batches']} micro-batches, "
                   f"bubble {sch['bubble_fraction']:.1%} of the ideal time ((p-1)/m)")
+        if sch.get("virtual_stages"):
+            con.print(f"  interleaved x{sch['virtual_stages']}: bubble {sch['interleaved_bubble_fraction']:.1%} "
+                      "((p-1)/(m v)); the timeline below is the plain 1F1B one")
         if sch["slots"] and sch["num_micro_batches"] <= 16:
             con.print(_ascii_timeline(sch))
     bal = rep["balance"]
