@@ -114,5 +114,26 @@ def test_generated_configs_train_two_steps_on_two_cpu_ranks(tmp_path):
         assert res["losses"][-1] < res["losses"][0], (name, res)  # the same batch: the steps helped
 
 
+@pytest.mark.distributed
+@pytest.mark.timeout(300)
+def test_a_generated_run_dir_launches_with_dstk_launch(tmp_path):
+    """The run directory as `dstk launch` reads it: the real deepspeed runner starts 2 ranks of
+    this file with --deepspeed_config RUN_DIR/ds_config.json."""
+    import subprocess
+
+    from dstk.cli import main
+
+    out = tmp_path / "run"
+    assert main(["generate", str(EXAMPLE), "--zero", "2", "--output", str(out)]) == 0
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "dstk", "launch", str(out), "--", str(HERE)],
+                          capture_output=True, text=True, timeout=280, env=env, cwd=tmp_path)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    assert "RESULT run " in proc.stdout, proc.stdout[-3000:]
+
+
 if __name__ == "__main__":
-    _rank_main(sys.argv[1:])
+    argv = sys.argv[1:]
+    if "--deepspeed_config" in argv:  # started by `dstk launch`: the run directory holds the config
+        argv = [str(Path(argv[argv.index("--deepspeed_config") + 1]).parent)]
+    _rank_main(argv)

@@ -343,9 +343,9 @@ Predicted: {gib:.2f} GiB per GPU, {step:.3g} s per step.
 
 ## Launch
 
-With dstk (reads this directory):
+With dstk (reads this directory; checks hosts and slots against the plan):
 
-    dstk launch .
+    dstk launch . -- train.py        # your script gets --deepspeed_config ./ds_config.json
 
 With DeepSpeed's runner and your own script (`deepspeed.initialize(config="ds_config.json", ...)`):
 
