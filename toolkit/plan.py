@@ -600,11 +600,16 @@ def _variants(intent) -> Iterator[tuple[str, Any]]:
             c, offload=True, offload_optimizer=None, offload_params=None))
     if c.max_tp is not None:
         yield "drop max_tp", with_(constraints=dataclasses.replace(c, max_tp=None))
+    per_node = cl.gpus_per_node
+    while per_node < 8:  # fill the node first: more GPUs on the fast intra-node links
+        per_node *= 2
+        yield (f"more GPUs: {cl.num_nodes} node(s) x {per_node} ({cl.num_nodes * per_node} GPUs)",
+               with_(cluster=dataclasses.replace(cl, gpus_per_node=per_node)))
     for factor in (2, 4, 8, 16, 32, 64):
         if cl.num_nodes * factor > 4096:
             break
-        yield (f"more GPUs: {cl.num_nodes * factor} nodes x {cl.gpus_per_node} ({cl.world_size * factor} GPUs)",
-               with_(cluster=dataclasses.replace(cl, num_nodes=cl.num_nodes * factor)))
+        yield (f"more GPUs: {cl.num_nodes * factor} nodes x {per_node} ({cl.num_nodes * factor * per_node} GPUs)",
+               with_(cluster=dataclasses.replace(cl, num_nodes=cl.num_nodes * factor, gpus_per_node=per_node)))
     seq = t.seq_len
     while seq > 256:
         seq //= 2
