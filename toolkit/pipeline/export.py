@@ -105,7 +105,9 @@ def _pipeline_state(tag_dir: Path, model: Any) -> dict[str, Any]:
 def _zero_state(checkpoint_dir: Path, tag_dir: Path) -> dict[str, Any]:
     import torch
 
-    states = tag_dir / "mp_rank_00_model_states.pt"
+    # ZeRO-3 writes zero_pp_rank_0_mp_rank_00_model_states.pt, the others mp_rank_00_model_states.pt
+    found = sorted(tag_dir.glob("*mp_rank_00_model_states.pt"))
+    states = found[0] if found else tag_dir / "mp_rank_00_model_states.pt"
     if not states.is_file():
         raise DstkError(f"{tag_dir} holds neither layer_XX-model_states.pt files (pipeline) "
                         "nor mp_rank_00_model_states.pt (ZeRO)", hint="point at the directory save_checkpoint wrote")
