@@ -52,3 +52,17 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
 
 def hf_config(spec: ModelSpec) -> dict:
     return dict(spec.hf_config)
+
+
+# --- Pipeline adapter (issue 5, dstk.pipeline) ------------------------------------------------
+# Where the HF model keeps what dstk.pipeline cuts into stages (docs/pipeline.md). No torch here.
+from dstk.pipeline.adapter import PipelineAdapter  # noqa: E402
+
+# Learned positions added to the token embedding, then dropout; tied head (TiedLayerSpec).
+PIPELINE_ADAPTER = PipelineAdapter(
+    family=FAMILY,
+    embed_parts=(("tokens", "transformer.wte"), ("positions", "transformer.wpe"), ("dropout", "transformer.drop")),
+    layers=MODULES["layers"],
+    final_parts=(("norm", MODULES["final_norm"]),),
+    head=MODULES["lm_head"],
+)

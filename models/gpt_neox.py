@@ -57,3 +57,19 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
 
 def hf_config(spec: ModelSpec) -> dict:
     return dict(spec.hf_config)
+
+
+# --- Pipeline adapter (issue 5, dstk.pipeline) ------------------------------------------------
+# Where the HF model keeps what dstk.pipeline cuts into stages (docs/pipeline.md). No torch here.
+from dstk.pipeline.adapter import PipelineAdapter  # noqa: E402
+
+# Rotary on part of each head; HF keeps the head as lm_head but saves it as embed_out.
+PIPELINE_ADAPTER = PipelineAdapter(
+    family=FAMILY,
+    embed_parts=(("tokens", MODULES["embed"]), ("dropout", "gpt_neox.emb_dropout")),
+    layers=MODULES["layers"],
+    final_parts=(("norm", MODULES["final_norm"]),),
+    head=MODULES["lm_head"],
+    rotary="gpt_neox.rotary_emb",
+    saved_prefixes=(("lm_head.", "embed_out."),),
+)

@@ -95,3 +95,17 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
 def hf_config(spec: ModelSpec) -> dict:
     """The keys that build the real ``LlamaForCausalLM`` (``AutoConfig.for_model(**keys)``)."""
     return dict(spec.hf_config)
+
+
+# --- Pipeline adapter (issue 5, dstk.pipeline) ------------------------------------------------
+# Where the HF model keeps what dstk.pipeline cuts into stages (docs/pipeline.md). No torch here.
+from dstk.pipeline.adapter import PipelineAdapter  # noqa: E402
+
+PIPELINE_ADAPTER = PipelineAdapter(
+    family=FAMILY,
+    embed_parts=(("tokens", MODULES["embed"]),),
+    layers=MODULES["layers"],
+    final_parts=(("norm", MODULES["final_norm"]),),
+    head=MODULES["lm_head"],
+    rotary="model.rotary_emb",
+)

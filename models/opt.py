@@ -63,3 +63,31 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
 
 def hf_config(spec: ModelSpec) -> dict:
     return dict(spec.hf_config)
+
+
+# --- Pipeline adapter (issue 5, dstk.pipeline) ------------------------------------------------
+# Where the HF model keeps what dstk.pipeline cuts into stages (docs/pipeline.md). No torch here.
+from dstk.pipeline.adapter import PipelineAdapter  # noqa: E402
+
+
+def _pipeline_embed(parts, input_ids, position_ids, attention_mask):
+    """OPT adds learned positions after ``project_in`` and numbers them over real tokens only
+    (``OPTDecoder.forward``); ``embed_positions`` adds its offset of 2 itself."""
+    hidden = parts["tokens"](input_ids)
+    if "project_in" in parts:
+        hidden = parts["project_in"](hidden)
+    return hidden + parts["positions"](attention_mask, 0, position_ids=position_ids)
+
+
+# project_in/out and the final norm are optional in OPT configs: absent ones are dropped.
+PIPELINE_ADAPTER = PipelineAdapter(
+    family=FAMILY,
+    embed_parts=(("tokens", "model.decoder.embed_tokens"), ("positions", "model.decoder.embed_positions"),
+                 ("project_in", "model.decoder.project_in")),
+    layers=MODULES["layers"],
+    final_parts=(("norm", "model.decoder.final_layer_norm"), ("project_out", "model.decoder.project_out")),
+    head=MODULES["lm_head"],
+    positions="cumsum",
+    mask_uses_position_ids=False,
+    embed_fn=_pipeline_embed,
+)
