@@ -118,9 +118,8 @@ def test_every_family_is_found_and_partitioned(family):
     assert adapter.family == family
     import importlib
 
-    own = getattr(importlib.import_module(f"dstk.models.{family}"), "PIPELINE_ADAPTER", None)
-    if own is not None:  # the family file's section wins over the built-in fallback
-        assert adapter.embed_fn is own.embed_fn and adapter.layers == own.layers and adapter.rotary == own.rotary
+    own = importlib.import_module(f"dstk.models.{family}").PIPELINE_ADAPTER  # the family file's section
+    assert adapter.embed_fn is own.embed_fn and adapter.layers == own.layers and adapter.rotary == own.rotary
     assert len(model.get_submodule(adapter.layers)) == 3
     bounds, stages, costs = plan_for(model, num_stages=3, partition="balanced")
     assert [sum(n.startswith("layer.") for n in s.layer_names) for s in stages] == [1, 1, 1]

@@ -158,10 +158,6 @@ def adapter_for(model: Any) -> PipelineAdapter:
     except ImportError:
         module = None
     adapter = getattr(module, "PIPELINE_ADAPTER", None)
-    if adapter is None:  # until every family file carries its section (shared files, see families.py)
-        from dstk.pipeline import families
-
-        adapter = families.BUILTIN.get(model_type)
     adapter = adapter if adapter is not None else discover(model)
     return without_absent_parts(adapter, model)
 
