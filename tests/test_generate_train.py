@@ -27,7 +27,8 @@ KINDS = {  # name -> pinned flags for `dstk generate`
     "zero3": ["--zero", "3"],
     "zero2-offload": ["--zero", "2", "--offload-optimizer", "cpu"],
     "pp2": ["--pp", "2"],  # DeepSpeed's pipeline engine through dstk.models.to_pipeline (issue 5)
-    "autotp2": ["--tp", "2", "--zero", "1"],  # last: AutoTP sets up a TP mesh for the process
+    "autotp2": ["--tp", "2", "--zero", "1"],  # AutoTP last: it sets up a TP mesh for the process
+    "autotp2-zero3-offload": ["--tp", "2", "--zero", "3", "--offload-optimizer", "cpu", "--offload-params", "cpu"],
 }
 
 
