@@ -42,13 +42,14 @@ def storages(roots) -> dict[int, tuple[int, str]]:
                 if hasattr(obj, name):
                     walk(getattr(obj, name), depth + 1)
             return
-        if isinstance(obj, dict):
+        if type(obj) is dict:
             for v in list(obj.values()):
                 walk(v, depth + 1)
-        elif isinstance(obj, (list, tuple, set)):
+        elif type(obj) in (list, tuple, set):
             for v in list(obj):
                 walk(v, depth + 1)
-        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        elif (hasattr(obj, "__dict__") and not isinstance(obj, type)
+              and type(obj).__module__.startswith(("deepspeed", "torch"))):  # not transformers' lazy maps
             for v in list(vars(obj).values()):
                 walk(v, depth + 1)
 
@@ -81,6 +82,9 @@ def run_case(case: dict) -> dict:
           "gradient_clipping": 1.0, "steps_per_print": 10**9}
     if case["precision"] == "bf16":
         ds["bf16"] = {"enabled": True}
+    if case.get("tp", 1) > 1:
+        ds["tensor_parallel"] = {"autotp_size": case["tp"]}
+        ds["train_micro_batch_size_per_gpu"] = 1
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
     del model
 

@@ -226,12 +226,42 @@ def _bandwidth(*, group: int, stride: int, cluster) -> tuple[float, float]:
     return min(intra, per_gpu), net.latency_s
 
 
-def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem.ZeroBuffers | None = None) -> Estimate:
+def stage_params(f: _Facts, *, layers: int, first: bool, last: bool, tp: int, pp: int,
+                 tp_style: str = "autotp") -> float:
+    """Parameter elements one GPU of a stage holds before ZeRO sharding.
+
+    TP shards every matrix and replicates norms (Shoeybi et al. 2019 §3). The embedding: DeepSpeed's
+    AutoTP (``tp_style="autotp"``) shards the linear layers and the lm_head but keeps the input
+    embedding whole (measured on 2 ranks, tests/test_estimate_deepspeed.py); Megatron shards it
+    by vocabulary (``"megatron"``). With pp > 1 a tied embedding lives on the first and the last
+    stage (DeepSpeed's ``TiedLayerSpec``)."""
+    embed_tp = tp if tp_style == "megatron" else 1
+    params = layers * (f.layer_sharded / tp + f.layer_replicated)
+    if first:
+        params += f.embed / embed_tp
+    if last:
+        params += f.final + f.lm_head / tp
+        if f.tied and pp > 1:
+            params += f.embed_tensors[0] / tp
+    return params
+
+
+def rank_params(model, layout: Layout, *, stage: int = 0, tp_style: str = "autotp") -> float:
+    """``stage_params`` for a model and a layout: what one GPU of ``stage`` holds before ZeRO."""
+    f = _model_facts(model)
+    counts = stage_layers(f.layers, layout.pp)
+    return stage_params(f, layers=counts[stage], first=stage == 0, last=stage == layout.pp - 1, tp=layout.tp,
+                        pp=layout.pp, tp_style=tp_style)
+
+
+def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem.ZeroBuffers | None = None,
+             tp_style: str = "autotp") -> Estimate:
     """Memory per GPU (per stage) and step time of ``layout`` for ``model`` on ``cluster``.
 
     ``model`` is a ``dstk.models.ModelSpec``, or an ``int`` parameter count (model states only:
     activations are None and per-layer quantities are approximated as one layer).
-    ``buffers`` are DeepSpeed's bucket settings (default: DeepSpeed's defaults).
+    ``buffers`` are DeepSpeed's bucket settings (default: DeepSpeed's defaults); ``tp_style``
+    says how tensor parallelism treats the embedding (``stage_params``).
     """
     if layout.world_size != cluster.world_size:
         raise ValueError(f"layout: dp*tp*pp = {layout.world_size} but the cluster has {cluster.world_size} GPUs")
@@ -276,14 +306,8 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
     counts = stage_layers(f.layers, pp)
     for i, n in enumerate(counts):
         first, last = i == 0, i == pp - 1
-        params = n * layer_elems
+        params = stage_params(f, layers=n, first=first, last=last, tp=tp, pp=pp, tp_style=tp_style)
         persistent = n * layer_persistent
-        if first:
-            params += f.embed / tp
-        if last:
-            params += f.final + f.lm_head / tp
-            if f.tied and pp > 1:
-                params += f.embed_tensors[0] / tp  # the tied weight lives on both ends (TiedLayerSpec)
         states = mem.model_states(params=params, persistent=persistent, precision=training.precision,
                                   optimizer=training.optimizer, zero_stage=layout.zero_stage, dp=dp,
                                   offload_optimizer=layout.offload_optimizer, offload_params=layout.offload_params,
@@ -293,6 +317,10 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
                                       buffers=buffers)
         buf += mem.live_param_bytes(zero_stage=layout.zero_stage, precision=training.precision, params=params,
                                     largest_module=f.largest_tensor / tp, buffers=buffers)
+        offload_gpu, offload_cpu = mem.offload_buffer_bytes(
+            zero_stage=layout.zero_stage, precision=training.precision, offload_optimizer=layout.offload_optimizer,
+            params=params, dp=dp, largest_tensor=f.largest_tensor)
+        buf += offload_gpu
         buf += mem.pipeline_buffer_bytes(pp=pp, tokens=tokens_mb, hidden=f.hidden, act_bytes=w)
         act = None
         if known:
@@ -307,7 +335,7 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
             grads_bytes=int(states.grads_bytes + states.step_grads_bytes),
             optimizer_bytes=int(states.optimizer_bytes), activations_bytes=None if act is None else int(act),
             buffers_bytes=int(buf), overhead_bytes=int(gpu.overhead_bytes)))
-        cpu_total = max(cpu_total, states.cpu_bytes)
+        cpu_total = max(cpu_total, states.cpu_bytes + offload_cpu)
         nvme_total = max(nvme_total, states.nvme_bytes)
         stage_flops = n * fwd_layer_flops + (2.0 * f.head_matmul if last else 0.0)
         worst_time = max(worst_time, stage_flops)
@@ -343,9 +371,9 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
 
     # Data parallel: gradients (and ZeRO-3's parameter gathers) over the DP group.
     worst = max(stages, key=lambda s: s.params_bytes + s.grads_bytes)
-    stage_params = (worst.num_layers * layer_elems + (f.embed / tp if worst.stage == 0 else 0)
-                    + ((f.final + f.lm_head / tp) if worst.stage == pp - 1 else 0))
-    grad_bytes = w * stage_params
+    worst_params = stage_params(f, layers=worst.num_layers, first=worst.stage == 0, last=worst.stage == pp - 1,
+                                tp=tp, pp=pp, tp_style=tp_style)
+    grad_bytes = w * worst_params
     dp_seconds = gather_seconds = offload_seconds = 0.0
     if dp > 1:
         bw, lat = _bandwidth(group=dp, stride=tp, cluster=cluster)
@@ -361,7 +389,7 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
         else:
             dp_seconds = tm.ring_allreduce_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
     if layout.offload_optimizer != "none" or layout.offload_params != "none":
-        shard = stage_params / (dp if layout.zero_stage else 1)
+        shard = worst_params / (dp if layout.zero_stage else 1)
         # fp32 gradients down, bf16 parameters up over PCIe, and the CPU optimizer's update.
         offload_seconds = (4 + w) * shard / gpu.host_bytes_per_s + shard / cluster.cpu_adam_params_per_s
         if layout.offload_params != "none":

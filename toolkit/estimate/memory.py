@@ -88,7 +88,9 @@ def model_states(*, params: float, persistent: float, precision: str, optimizer:
         p_bytes = (0.0 if offload_params != "none" else w * shard) + w * persistent
     else:
         p_bytes = w * params
-    grads = w * shard
+    # With optimizer offload, ZeRO-1/2 copy each reduced gradient straight into the pinned fp32
+    # partition (through the staging buffers of ``offload_buffer_bytes``): no bit16 partition.
+    grads = 0.0 if (offload_optimizer != "none" and zero_stage < 3) else w * shard
     cpu = nvme = 0.0
     if offload_optimizer == "cpu":
         cpu, master, states, step_grads = master + states + step_grads, 0.0, 0.0, 0.0
@@ -123,6 +125,18 @@ def reduce_bucket_bytes(*, zero_stage: int, precision: str, params: float, buffe
     if zero_stage == 0:
         return 0.0
     return param_bytes(precision) * min(buffers.reduce_bucket_size, params)
+
+
+def offload_buffer_bytes(*, zero_stage: int, precision: str, offload_optimizer: str, params: float, dp: int,
+                         largest_tensor: float) -> tuple[float, float]:
+    """(GPU, CPU) bytes of ZeRO-1/2's offload staging buffers (``stage_1_and_2.py``, 0.19.8):
+    a bit16 copy of the parameter partition on the CPU (``param_buffer_of_bit16_for_cpu_offload``)
+    and one bit16 buffer of the largest parameter on each side (``temp_grad_buffer_for_gpu_offload``,
+    ``temp_grad_buffer_for_cpu_offload``). ZeRO-3's offload has none of these."""
+    if offload_optimizer != "cpu" or zero_stage not in (1, 2):
+        return 0.0, 0.0
+    w = param_bytes(precision)
+    return w * largest_tensor, w * params / dp + w * largest_tensor
 
 
 def live_param_bytes(*, zero_stage: int, precision: str, params: float, largest_module: float,
