@@ -1,0 +1,153 @@
+"""dstk finetune, unit tier: data order, packing, split, checkpoint publishing, progress text, and
+bad input refused before any process starts (the real datasets/tokenizers/transformers, no ranks)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from dstk.cli import main
+from dstk.train import checkpoint as ckpt
+from dstk.train.data import epoch_order, pack, rank_micro_batches, split_indices, step_blocks
+from dstk.train.prepare import effective_config
+from dstk.train.progress import format_progress
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "intents" / "tiny-llama-cpu.yaml"
+CORPUS = ROOT / "templates" / "corpus" / "harbour-notes.txt"
+
+
+def test_pack_joins_documents_with_eos_and_drops_the_tail():
+    blocks = pack([[1, 2, 3], [], [4, 5]], seq_len=2, eos_id=0)
+    assert blocks == [[1, 2], [3, 0], [4, 5]]  # stream 1 2 3 0 4 5 0: the last 0 does not fill a block
+
+
+def test_split_is_seeded_disjoint_and_keeps_one_of_each():
+    train, ev = split_indices(100, eval_fraction=0.05, seed=3)
+    assert len(ev) == 5 and not set(train) & set(ev) and sorted(train + ev) == list(range(100))
+    assert (train, ev) == split_indices(100, eval_fraction=0.05, seed=3)
+    assert split_indices(100, eval_fraction=0.05, seed=4) != (train, ev)
+    assert split_indices(2, eval_fraction=0.01, seed=0)[1] != []
+    assert split_indices(1, eval_fraction=0.5, seed=0) == ([0], [])
+
+
+def test_step_order_is_a_function_of_the_step_and_covers_each_epoch_once():
+    n, gb = 10, 4
+    stream = [b for s in range(5) for b in step_blocks(s, num_blocks=n, global_batch=gb, seed=7)]
+    assert sorted(stream[:10]) == list(range(10)) and sorted(stream[10:20]) == list(range(10))
+    assert stream[:10] == epoch_order(n, epoch=0, seed=7)
+    # resuming at step 3 gives the batch the uninterrupted run had at step 3
+    assert step_blocks(3, num_blocks=n, global_batch=gb, seed=7) == stream[12:16]
+
+
+def test_micro_batches_partition_the_step_over_ranks():
+    blocks = list(range(12))
+    parts = [rank_micro_batches(blocks, dp_rank=r, dp=2, micro_batch=3, grad_accum=2) for r in range(2)]
+    flat = sorted(b for p in parts for mb in p for b in mb)
+    assert flat == blocks and all(len(mb) == 3 for p in parts for mb in p)
+
+
+def test_checkpoint_is_complete_or_absent(tmp_path):
+    assert ckpt.newest_complete(tmp_path) is None
+    (tmp_path / ckpt.temp_tag_for(5)).mkdir()
+    ckpt.publish(tmp_path, step=5, meta={"world_size": 2})
+    assert ckpt.newest_complete(tmp_path) == (5, "step-000005")
+    assert (tmp_path / "latest").read_text() == "step-000005"
+    # a crash while writing step 10: its temporary tag exists, unmarked; step 5 stays the newest
+    (tmp_path / ckpt.temp_tag_for(10)).mkdir()
+    (tmp_path / ckpt.temp_tag_for(10) / "mp_rank_00_model_states.pt").write_bytes(b"half")
+    assert ckpt.newest_complete(tmp_path) == (5, "step-000005")
+    # a renamed tag without the marker (never produced by publish) is not trusted either
+    (tmp_path / "step-000020").mkdir()
+    assert ckpt.newest_complete(tmp_path) == (5, "step-000005")
+    assert [p.name for p in ckpt.remove_partial(tmp_path)] == [".tmp-step-000010"]
+
+
+def test_progress_line_has_loss_throughput_lr_and_eta():
+    line = format_progress(step=5, num_steps=10, loss=4.32109, tokens_per_second=1234.0, lr=1e-3,
+                           elapsed_seconds=30)
+    assert line == "[##########..........] 5/10 loss 4.3211 1.2k tok/s lr 1.00e-03 00:30<00:30"
+
+
+def test_effective_config_adds_the_monitor_and_says_what_it_changed(tmp_path):
+    base = {"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 20, "warmup_num_steps": 2}}}
+    out, notes = effective_config(base, num_steps=40, metrics_dir=str(tmp_path))
+    assert out["csv_monitor"] == {"enabled": True, "output_path": str(tmp_path), "job_name": "finetune"}
+    assert out["scheduler"]["params"]["total_num_steps"] == 40 and base["scheduler"]["params"]["total_num_steps"] == 20
+    assert len(notes) == 1 and "20 -> 40" in notes[0]
+    from dstk.errors import DstkError
+
+    with pytest.raises(DstkError, match="warms up"):
+        effective_config(base, num_steps=2, metrics_dir=str(tmp_path))
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("plan") / "run"
+    assert main(["generate", str(EXAMPLE), "--output", str(out)]) == 0
+    return out
+
+
+def _finetune(run_dir, out, *extra, data=(str(CORPUS),)):
+    return main(["finetune", "--plan", str(run_dir), "--data", *data, "--output", str(out), *extra])
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "column", "model-no-config", "more-ranks", "mixed"])
+def test_bad_input_is_refused_before_any_rank_starts(case, run_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    extra, data = [], [str(CORPUS)]
+    if case == "missing":
+        data, code, words = [str(tmp_path / "nope.jsonl")], 2, "not found"
+    elif case == "empty":
+        (tmp_path / "empty.jsonl").write_text("")
+        data, code, words = [str(tmp_path / "empty.jsonl")], 1, "is empty"
+    elif case == "column":
+        (tmp_path / "d.jsonl").write_text(json.dumps({"body": "hello there"}) + "\n")
+        data, extra, code, words = [str(tmp_path / "d.jsonl")], ["--text-field", "text"], 1, "no column 'text'"
+    elif case == "model-no-config":
+        (tmp_path / "ckpt").mkdir()
+        extra, code, words = ["--model", str(tmp_path / "ckpt")], 1, "no config.json"
+    elif case == "more-ranks":
+        extra, code, words = ["--ranks", "1"], 1, "plan is for 2 ranks"
+    else:
+        (tmp_path / "d.csv").write_text("text\nhi\n")
+        data, code, words = [str(CORPUS), str(tmp_path / "d.csv")], 2, "mixes file types"
+    assert _finetune(run_dir, out, *extra, data=data) == code
+    err = capsys.readouterr().err
+    assert words in err and "fix:" in err and "Traceback" not in err
+    assert not (out / "finetune.json").exists()  # nothing was handed to ranks
+
+
+def test_multi_node_plan_is_refused(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["generate", str(EXAMPLE), "--nodes", "2", "--gpus-per-node", "1", "--output", str(out)]) == 0
+    assert _finetune(out, tmp_path / "o") == 1
+    assert "2 nodes" in capsys.readouterr().err
+
+
+def test_prepare_only_writes_a_spec_the_ranks_can_read(run_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    (tmp_path / "pr.jsonl").write_text("".join(
+        json.dumps({"q": f"What is {i} plus {i}?", "a": f"It is {2 * i}."}) + "\n" for i in range(200)))
+    assert _finetune(run_dir, out, "--prompt-field", "q", "--response-field", "a", "--epochs", "1",
+                     "--prepare-only", data=[str(tmp_path / "pr.jsonl")]) == 0
+    import torch
+
+    from dstk.train.spec import TrainSpec
+
+    spec = TrainSpec.load(out / "finetune.json")
+    train = torch.load(spec.train_blocks)
+    assert train.shape[1] == 64 and spec.world_size == 2 and spec.precision == "bf16"
+    assert spec.num_steps == math.ceil(train.shape[0] / 8)  # one epoch of 8-sequence steps
+    ds = json.loads(Path(spec.ds_config).read_text())
+    assert ds["csv_monitor"]["enabled"] and ds["scheduler"]["params"]["total_num_steps"] == spec.num_steps
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(spec.tokenizer_dir)
+    text = tok.decode(train[0].tolist())
+    assert "plus" in text and len(tok) <= 512
+    assert _finetune(run_dir, out, "--prepare-only", data=[str(tmp_path / "pr.jsonl")]) == 2  # not over a run
+    assert "--resume" in capsys.readouterr().err

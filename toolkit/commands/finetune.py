@@ -1,0 +1,71 @@
+"""``dstk finetune``: fine-tune an HF causal LM on local data with the plan's DeepSpeed layout."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HELP = "fine-tune an HF model on local data with a run directory's plan (progress, checkpoints, resume, HF export)"
+DESCRIPTION = (
+    "Check the inputs, train a tokenizer when the model has none, tokenize and pack the data, then start the "
+    "plan's ranks on the deepspeed runner. Rank 0 prints progress (loss, tokens/s, lr, ETA); metrics go to "
+    "OUTPUT/metrics through DeepSpeed's csv monitor; checkpoints go to OUTPUT/checkpoints (complete or absent); "
+    "the trained model is exported to OUTPUT/model (save_pretrained + tokenizer). Exit 0 on success, 1 on "
+    "invalid input or a failed rank, 2 on usage errors."
+)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plan", required=True, metavar="RUN_DIR",
+                        help="run directory from `dstk generate` (plan.json + ds_config.json)")
+    parser.add_argument("--model", metavar="PRESET|HF_DIR",
+                        help="tiny-llama, small-llama, or a local HF checkpoint directory "
+                             "(default: the plan's model config, random weights)")
+    parser.add_argument("--data", nargs="+", required=True, metavar="FILE",
+                        help="local json/jsonl/csv/parquet/txt files")
+    parser.add_argument("--output", "-o", required=True, metavar="DIR", help="new directory for the run's files")
+    length = parser.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, help="optimizer steps (default: the plan's train_steps)")
+    length.add_argument("--epochs", type=float, help="passes over the training blocks")
+    parser.add_argument("--eval-split", type=float, default=0.05, metavar="FRACTION",
+                        help="fraction of blocks held out for eval loss/perplexity (default 0.05)")
+    parser.add_argument("--text-field", default="text", help="column with plain text (default: text)")
+    parser.add_argument("--prompt-field", help="column with prompts (with --response-field)")
+    parser.add_argument("--response-field", help="column with responses (with --prompt-field)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the init, the split and the data order")
+    parser.add_argument("--save-every", type=int, default=0, metavar="N",
+                        help="checkpoint every N steps (always at the end)")
+    parser.add_argument("--eval-every", type=int, default=0, metavar="N", help="eval every N steps (always at the end)")
+    parser.add_argument("--log-every", type=int, default=1, metavar="N", help="progress line every N steps")
+    parser.add_argument("--ranks", type=int, help="ranks to launch; must equal the plan's world size")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --output from its newest complete checkpoint")
+    parser.add_argument("--trainer", choices=["native"], default="native",
+                        help="native: the DeepSpeed engine loop")
+    parser.add_argument("--master-port", type=int, help="rendezvous port (default: a free one)")
+    parser.add_argument("--prepare-only", action="store_true",
+                        help="check and prepare everything, print the spec file, start nothing")
+    parser.add_argument("--format", choices=["human", "json"], default="human")
+
+
+def run(args: argparse.Namespace) -> int:
+    from dstk.train.prepare import FinetuneRequest, launch, prepare
+
+    req = FinetuneRequest(
+        run_dir=args.plan, data=tuple(args.data), output_dir=args.output, model=args.model, steps=args.steps,
+        epochs=args.epochs, eval_split=args.eval_split, text_field=args.text_field, prompt_field=args.prompt_field,
+        response_field=args.response_field, seed=args.seed, save_every=args.save_every, eval_every=args.eval_every,
+        log_every=args.log_every, ranks=args.ranks, resume=args.resume,
+    )
+    spec_path = prepare(req)
+    if args.prepare_only:
+        print(spec_path)
+        return 0
+    rc = launch(args.plan, spec_path, master_port=args.master_port)
+    summary = Path(args.output) / "summary.json"
+    if args.format == "json" and rc == 0 and summary.is_file():
+        json.dump(json.loads(summary.read_text()), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    return rc

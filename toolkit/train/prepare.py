@@ -1,0 +1,216 @@
+"""The parent side of ``dstk finetune``: check every input, prepare data and tokenizer, write the
+rank spec. Everything that can be wrong with the input fails here, before any process starts."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+from dstk.errors import DstkError, UsageError
+from dstk.train.spec import TrainSpec
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class FinetuneRequest:
+    """The command line of ``dstk finetune``, as data."""
+
+    run_dir: str
+    """A run directory written by ``dstk generate`` (plan.json, ds_config.json)."""
+    data: tuple[str, ...]
+    output_dir: str
+    model: str | None = None
+    """A preset (``dstk.train.model.PRESETS``), a local HF directory, or None for the plan's model config."""
+    steps: int | None = None
+    epochs: float | None = None
+    eval_split: float = 0.05
+    text_field: str = "text"
+    prompt_field: str | None = None
+    response_field: str | None = None
+    seed: int = 0
+    save_every: int = 0
+    eval_every: int = 0
+    log_every: int = 1
+    ranks: int | None = None
+    """Ranks to launch on this machine; must equal the plan's world size."""
+    resume: bool = False
+
+
+def precision_of(config: dict) -> str:
+    if (config.get("bf16") or {}).get("enabled") is True:
+        return "bf16"
+    if (config.get("fp16") or {}).get("enabled") is True:
+        return "fp16"
+    return "fp32"
+
+
+def global_batch_of(config: dict, *, dp: int) -> int:
+    micro = int(config.get("train_micro_batch_size_per_gpu", 1))
+    accum = int(config.get("gradient_accumulation_steps", 1))
+    return micro * accum * dp
+
+
+def effective_config(config: dict, *, num_steps: int, metrics_dir: str) -> tuple[dict, list[str]]:
+    """The plan's config plus DeepSpeed's csv monitor, with the scheduler's length set to the run's
+    step count. Returns (config, notes) -- each change is said, none is silent."""
+    import importlib.util
+
+    out, notes = copy.deepcopy(config), []
+    out["csv_monitor"] = {"enabled": True, "output_path": metrics_dir, "job_name": "finetune"}
+    if importlib.util.find_spec("tensorboard") is not None:
+        out["tensorboard"] = {"enabled": True, "output_path": metrics_dir, "job_name": "tensorboard"}
+    params = (out.get("scheduler") or {}).get("params") or {}
+    if "total_num_steps" in params and params["total_num_steps"] != num_steps:
+        notes.append(f"scheduler.params.total_num_steps {params['total_num_steps']} -> {num_steps} "
+                     f"(the run's step count, so the schedule ends with the run)")
+        params["total_num_steps"] = num_steps
+    warm = params.get("warmup_num_steps")
+    if isinstance(warm, int) and warm >= num_steps:
+        raise DstkError(f"the plan warms up for {warm} steps but the run has {num_steps}",
+                        hint="train more steps (--steps) or plan fewer --warmup-steps")
+    return out, notes
+
+
+def _check_plan(req: FinetuneRequest) -> tuple[dict, dict]:
+    from dstk.launch.rundir import read_plan
+
+    plan = read_plan(req.run_dir)
+    cfg_path = Path(req.run_dir) / "ds_config.json"
+    try:
+        config = json.loads(cfg_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UsageError(f"{cfg_path}: no ds_config.json", hint="write the run directory with `dstk generate`") from None
+    except ValueError as exc:
+        raise DstkError(f"{cfg_path}: not JSON: {exc}", hint="regenerate it with `dstk generate`") from None
+    cluster, layout = plan["cluster"], plan["layout"]
+    world = int(cluster["num_nodes"]) * int(cluster["gpus_per_node"])
+    if int(cluster["num_nodes"]) > 1:
+        raise DstkError(f"the plan is for {cluster['num_nodes']} nodes; dstk finetune starts ranks on this machine only",
+                        hint="plan for one node (--nodes 1), or run the worker with `dstk launch` on the cluster")
+    if req.ranks is not None and req.ranks != world:
+        raise DstkError(f"the plan is for {world} ranks but --ranks {req.ranks} would be launched",
+                        hint=f"launch {world} ranks, or plan for {req.ranks}: dstk generate ... --gpus-per-node {req.ranks}")
+    if int(layout.get("pp", 1)) > 1:
+        raise DstkError("pipeline plans (pp > 1) are not supported by dstk finetune yet",
+                        hint="plan with --pp 1 (ZeRO or AutoTP)")
+    if cluster.get("gpu") == "cpu" and precision_of(config) == "fp16":
+        raise DstkError("fp16 does not train on CPU ranks (DeepSpeed's CPU accelerator has bf16 and fp32)",
+                        hint="plan with --precision bf16 or fp32")
+    return plan, config
+
+
+def prepare(req: FinetuneRequest, *, log=lambda s: print(s, file=sys.stderr)) -> Path:
+    """Check and prepare; return the spec file the ranks read."""
+    from dstk.train import data as D
+    from dstk.train import model as M
+
+    out = Path(req.output_dir)
+    spec_path = out / "finetune.json"
+    if req.resume:
+        if not spec_path.is_file():
+            raise UsageError(f"--resume: {spec_path} not found", hint="resume in the --output of an earlier run")
+        spec = TrainSpec.load(spec_path)
+        _check_plan(dataclasses.replace(req, run_dir=req.run_dir))
+        if req.steps is not None and req.steps != spec.num_steps:
+            raise DstkError(f"--steps {req.steps} differs from the run being resumed ({spec.num_steps})",
+                            hint="drop --steps to resume as planned, or start a new --output")
+        log(f"resuming with the settings in {spec_path}")
+        spec = dataclasses.replace(spec, resume=True)
+        spec.dump(spec_path)
+        return spec_path
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"--output {out} exists and is not empty",
+                         hint="pass --resume to continue that run, or choose a new --output")
+
+    plan, config = _check_plan(req)
+    layout = plan["layout"]
+    seq_len = int(plan["training"]["seq_len"])
+    cfg, local_dir = M.resolve_config(req.model, plan=plan, seq_len=seq_len)
+    ds = D.load_records(list(req.data), text_field=req.text_field, prompt_field=req.prompt_field,
+                        response_field=req.response_field)
+    if req.steps is not None and req.epochs is not None:
+        raise UsageError("--steps and --epochs exclude each other", hint="give one of them")
+    for name in ("save_every", "eval_every"):
+        if getattr(req, name) < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 0", hint="0 means never")
+
+    from transformers import AutoTokenizer
+    import torch
+
+    prepared = out / "prepared"
+    prepared.mkdir(parents=True, exist_ok=True)
+    tok_dir = prepared / "tokenizer"
+    if local_dir and M.has_tokenizer(local_dir):
+        tokenizer = AutoTokenizer.from_pretrained(local_dir)
+        tokenizer.save_pretrained(str(tok_dir))
+    else:
+        texts = [D.render(r, tokenizer=None, text_field=req.text_field, prompt_field=req.prompt_field,
+                          response_field=req.response_field) for r in ds]
+        vocab = int(cfg["vocab_size"])
+        log(f"training a {vocab}-token byte-level BPE tokenizer on the data -> {tok_dir}")
+        from dstk.train.tokenizer import train_tokenizer
+
+        tokenizer = train_tokenizer(texts, vocab_size=vocab, output_dir=tok_dir)
+    if len(tokenizer) > int(cfg["vocab_size"]):
+        raise DstkError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {cfg['vocab_size']}",
+                        hint="use the model's own tokenizer, or a model with a larger vocabulary")
+    blocks = D.tokenize_dataset(ds, tokenizer=tokenizer, seq_len=seq_len, text_field=req.text_field,
+                                prompt_field=req.prompt_field, response_field=req.response_field)
+    train_idx, eval_idx = D.split_indices(len(blocks), eval_fraction=req.eval_split, seed=req.seed)
+    tensor = torch.tensor(blocks, dtype=torch.long)
+    torch.save(tensor[train_idx].clone(), prepared / "train.pt")
+    if eval_idx:
+        torch.save(tensor[eval_idx].clone(), prepared / "eval.pt")
+
+    tp, pp = int(layout.get("tp", 1)), int(layout.get("pp", 1))
+    dp = int(layout["dp"])
+    gb = global_batch_of(config, dp=dp)
+    if req.steps is not None:
+        steps = req.steps
+    elif req.epochs is not None:
+        steps = max(1, math.ceil(req.epochs * len(train_idx) / gb))
+    else:
+        steps = plan["training"].get("train_steps")
+        if not steps:
+            raise UsageError("no step count: the plan has no train_steps", hint="pass --steps N or --epochs E")
+    if steps < 1:
+        raise UsageError(f"--steps {steps}: expected >= 1", hint="e.g. --steps 20")
+    effective, notes = effective_config(config, num_steps=int(steps), metrics_dir=str((out / "metrics").resolve()))
+    for note in notes:
+        log(f"note: {note}")
+    from dstk.launch.run import write_atomic
+
+    write_atomic(out / "ds_config.json", json.dumps(effective, indent=2) + "\n")
+    if local_dir:
+        source = local_dir
+    else:
+        M.write_config(cfg, prepared / "model_config")
+        source = str((prepared / "model_config").resolve())
+    log(f"data: {len(blocks)} blocks of {seq_len} tokens ({len(train_idx)} train, {len(eval_idx)} eval); "
+        f"{steps} steps of {gb} sequences ({gb * seq_len} tokens)")
+    spec = TrainSpec(
+        output_dir=str(out.resolve()), ds_config=str((out / "ds_config.json").resolve()), model_source=source,
+        pretrained=bool(local_dir and M.has_weights(local_dir)), tokenizer_dir=str(tok_dir.resolve()),
+        train_blocks=str((prepared / "train.pt").resolve()),
+        eval_blocks=str((prepared / "eval.pt").resolve()) if eval_idx else None,
+        num_steps=int(steps), seed=req.seed, tp=tp, pp=pp, world_size=dp * tp * pp,
+        precision=precision_of(config), save_every=req.save_every, eval_every=req.eval_every,
+        log_every=req.log_every, resume=False,
+    )
+    spec.dump(spec_path)
+    return spec_path
+
+
+def launch(run_dir: str, spec_path: Path, *, master_port: int | None = None) -> int:
+    """Start the ranks on the deepspeed runner through dstk.launch (rank-prefixed output, a non-zero
+    exit when any rank fails)."""
+    from dstk.launch import run_launch, spec_from_run_dir
+
+    spec = spec_from_run_dir(run_dir, script="dstk.train.worker", module=True, script_args=[str(spec_path)],
+                             config_arg=None, master_port=master_port,
+                             env={"TOKENIZERS_PARALLELISM": "false"})
+    return run_launch(spec)

@@ -1,0 +1,56 @@
+"""What the parent hands each rank: one JSON file, written before the launch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class TrainSpec:
+    """Everything a rank needs; the parent has already checked and prepared it."""
+
+    output_dir: str
+    """Run output: checkpoints/, metrics/, model/ (the HF export), prepared/ (data, tokenizer)."""
+    ds_config: str
+    """The effective DeepSpeed config (the plan's, plus the csv monitor and the step count)."""
+    model_source: str
+    """An HF directory holding at least config.json; weights are loaded when ``pretrained``."""
+    pretrained: bool
+    """Load weights from ``model_source`` (False: random init from its config, seeded)."""
+    tokenizer_dir: str
+    train_blocks: str
+    """A torch file with a LongTensor [num_blocks, seq_len] of packed token ids."""
+    eval_blocks: str | None
+    num_steps: int
+    seed: int = 0
+    tp: int = 1
+    pp: int = 1
+    world_size: int
+    precision: str = "fp32"
+    save_every: int = 0
+    """Checkpoint every N optimizer steps (0: only at the end)."""
+    eval_every: int = 0
+    log_every: int = 1
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("num_steps", "world_size", "tp", "pp", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected >= 1, got {getattr(self, name)}")
+        for name in ("save_every", "eval_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)}")
+        if self.precision not in ("bf16", "fp16", "fp32"):
+            raise ValueError(f"precision: expected bf16|fp16|fp32, got {self.precision!r}")
+
+    def dump(self, path: str | os.PathLike) -> None:
+        from dstk.launch.run import write_atomic
+
+        write_atomic(path, json.dumps(dataclasses.asdict(self), indent=2) + "\n")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "TrainSpec":
+        return cls(**json.loads(Path(path).read_text(encoding="utf-8")))

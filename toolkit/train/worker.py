@@ -1,0 +1,245 @@
+"""One rank of ``dstk finetune``: ``python -m dstk.train.worker SPEC_JSON`` under the deepspeed runner.
+
+Builds the model (seeded random init, or the local checkpoint), runs the real
+``deepspeed.initialize`` with the plan's config, trains ``num_steps`` optimizer steps over a data
+order that is a pure function of (seed, step), logs through DeepSpeed's monitor, checkpoints
+complete-or-absent, resumes from the newest complete checkpoint and exports an HF directory.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dstk.train import checkpoint as ckpt
+from dstk.train.data import rank_micro_batches, step_blocks
+from dstk.train.progress import format_progress, format_summary
+from dstk.train.spec import TrainSpec
+
+
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _rng_state():
+    import numpy as np
+    import torch
+
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+
+
+def _set_rng_state(state) -> None:
+    import numpy as np
+    import torch
+
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+
+
+def build_model(spec: TrainSpec):
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(spec.seed)  # the same random init on every rank (ZeRO/TP shard one model)
+    if spec.pretrained:
+        return AutoModelForCausalLM.from_pretrained(spec.model_source, dtype=torch.float32)
+    config = AutoConfig.from_pretrained(spec.model_source)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def _all_mean(value: float) -> float:
+    import torch
+    import deepspeed.comm as dist
+
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t.item()) / dist.get_world_size()
+
+
+def evaluate(engine, blocks, *, micro_batch: int) -> float:
+    """Mean loss over all eval blocks; every rank runs every batch (ZeRO-3 and TP need all ranks in
+    each forward), so the figure is the same on every rank."""
+    import torch
+
+    engine.eval()
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(blocks), micro_batch):
+            batch = blocks[i:i + micro_batch]
+            loss = engine(input_ids=batch, labels=batch).loss
+            total += float(loss) * len(batch)
+            count += len(batch)
+    engine.train()
+    return total / max(count, 1)
+
+
+def save(engine, spec: TrainSpec, *, step: int, rank: int) -> None:
+    import torch
+    import deepspeed.comm as dist
+
+    root = Path(spec.output_dir) / "checkpoints"
+    engine.save_checkpoint(str(root), tag=ckpt.temp_tag_for(step), client_state={"dstk_step": step},
+                           save_latest=False)
+    torch.save(_rng_state(), root / ckpt.temp_tag_for(step) / f"dstk_rng_rank{rank}.pt")
+    dist.barrier()  # every rank's files are written before the tag is published
+    if rank == 0:
+        ckpt.publish(root, step=step, meta={"world_size": spec.world_size})
+    dist.barrier()
+
+
+def export(engine, model_cls_config, spec: TrainSpec, *, rank: int) -> str | None:
+    """Gather full weights (ZeRO-3 partitions, AutoTP shards) and write an HF directory on rank 0."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if engine.zero_optimization_stage() == 3 or spec.tp > 1:
+        state = engine._consolidated_16bit_state_dict()  # collective: every rank calls it
+    else:
+        state = engine.module.state_dict() if rank == 0 else None
+    if rank != 0:
+        return None
+    target = Path(spec.output_dir) / "model"
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec.precision]
+    model = AutoModelForCausalLM.from_config(model_cls_config, dtype=dtype)
+    missing, unexpected = model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
+    tied = set(getattr(model, "_tied_weights_keys", None) or [])
+    missing = [k for k in missing if k not in tied and not (model.config.tie_word_embeddings and "lm_head" in k)]
+    if missing or unexpected:
+        raise RuntimeError(f"export: state dict does not match the model: missing {missing}, unexpected {unexpected}")
+    tmp = Path(tempfile.mkdtemp(prefix=".model-", dir=spec.output_dir))
+    model.save_pretrained(str(tmp))
+    AutoTokenizer.from_pretrained(spec.tokenizer_dir).save_pretrained(str(tmp))
+    if target.exists():
+        import shutil
+
+        old = target.with_name(f".model-old-{os.getpid()}")
+        os.rename(target, old)
+        os.rename(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.rename(tmp, target)
+    return str(target)
+
+
+def main(argv: list[str]) -> int:
+    import torch
+    import deepspeed
+    import deepspeed.comm as dist
+
+    spec = TrainSpec.load(argv[0])
+    deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world != spec.world_size:
+        raise SystemExit(f"dstk: this run was prepared for {spec.world_size} ranks but {world} started")
+    config = json.loads(Path(spec.ds_config).read_text(encoding="utf-8"))
+    random.seed(spec.seed)
+    torch.manual_seed(spec.seed)
+    model = build_model(spec)
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()], config=config)
+    micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
+    dp = world // (spec.tp * spec.pp)
+    dp_rank = rank // spec.tp  # AutoTP groups are consecutive ranks
+    global_batch = micro * accum * dp
+    device = engine.device
+    train = torch.load(spec.train_blocks)
+    evals = torch.load(spec.eval_blocks) if spec.eval_blocks else None
+    root = Path(spec.output_dir) / "checkpoints"
+
+    start = 0
+    if spec.resume:
+        found = ckpt.newest_complete(root)
+        if found is not None:
+            start, tag = found
+            path, client = engine.load_checkpoint(str(root), tag=tag)
+            if path is None or client.get("dstk_step") != start:
+                raise SystemExit(f"dstk: checkpoint {root / tag} did not load")
+            _set_rng_state(torch.load(root / tag / f"dstk_rng_rank{rank}.pt", weights_only=False))
+            if rank == 0:
+                _say(f"resumed from {root / tag} (step {start}); continuing at step {start + 1}")
+        elif rank == 0:
+            _say(f"no complete checkpoint in {root}; starting from step 1")
+    if rank == 0:
+        for p in ckpt.remove_partial(root):
+            _say(f"removed incomplete checkpoint {p}")
+    dist.barrier()
+
+    seq_len = train.shape[1]
+    tokens_per_step = global_batch * seq_len
+    first = last = None
+    t0 = time.perf_counter()
+    monitor = engine.monitor
+    for step in range(start, spec.num_steps):
+        blocks = step_blocks(step, num_blocks=len(train), global_batch=global_batch, seed=spec.seed)
+        losses = []
+        for idx in rank_micro_batches(blocks, dp_rank=dp_rank, dp=dp, micro_batch=micro, grad_accum=accum):
+            batch = train[idx].to(device)
+            loss = engine(input_ids=batch, labels=batch).loss
+            engine.backward(loss)
+            engine.step()
+            losses.append(float(loss.detach()))
+        loss = _all_mean(sum(losses) / len(losses))
+        done = step + 1
+        first = loss if first is None else first
+        last = loss
+        elapsed = time.perf_counter() - t0
+        lr = engine.get_lr()[0]
+        tps = tokens_per_step * (done - start) / max(elapsed, 1e-9)
+        events = [("Train/loss", loss, done), ("Train/lr", lr, done), ("Train/tokens_per_second", tps, done)]
+        if spec.eval_every and evals is not None and done % spec.eval_every == 0 and done != spec.num_steps:
+            ev = evaluate(engine, evals.to(device), micro_batch=micro)
+            events += [("Eval/loss", ev, done), ("Eval/perplexity", math.exp(min(ev, 50)), done)]
+            if rank == 0:
+                _say(f"step {done}: eval loss {ev:.4f}, perplexity {math.exp(min(ev, 50)):.2f}")
+        monitor.write_events(events)  # rank 0 only, inside DeepSpeed's monitor
+        if rank == 0 and (done % spec.log_every == 0 or done == spec.num_steps or done == start + 1):
+            _say(format_progress(step=done, num_steps=spec.num_steps, loss=loss, tokens_per_second=tps, lr=lr,
+                                 elapsed_seconds=elapsed))
+        if spec.save_every and done % spec.save_every == 0 and done != spec.num_steps:
+            save(engine, spec, step=done, rank=rank)
+    elapsed = time.perf_counter() - t0
+    ev = None
+    if evals is not None:
+        ev = evaluate(engine, evals.to(device), micro_batch=micro)
+        monitor.write_events([("Eval/loss", ev, spec.num_steps), ("Eval/perplexity", math.exp(min(ev, 50)), spec.num_steps)])
+    last_ckpt = None
+    if start < spec.num_steps:
+        save(engine, spec, step=spec.num_steps, rank=rank)
+        last_ckpt = str(root / ckpt.tag_for(spec.num_steps))
+    # Logits of the trained engine on one block: `dstk finetune` users can compare the export with them.
+    probe = (evals if evals is not None else train)[:1].to(device)
+    engine.eval()
+    with torch.no_grad():
+        logits = engine(input_ids=probe).logits.float().cpu()
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(spec.model_source)
+    out = export(engine, hf_config, spec, rank=rank)
+    if rank == 0:
+        torch.save({"input_ids": probe.cpu(), "logits": logits}, Path(spec.output_dir) / "probe_logits.pt")
+        summary = {"steps": spec.num_steps, "start_step": start, "first_loss": first, "last_loss": last,
+                   "eval_loss": ev, "eval_perplexity": None if ev is None else math.exp(min(ev, 50)),
+                   "tokens": tokens_per_step * (spec.num_steps - start), "seconds": elapsed,
+                   "export_dir": out, "checkpoint": last_ckpt}
+        from dstk.launch.run import write_atomic
+
+        write_atomic(Path(spec.output_dir) / "summary.json", json.dumps(summary, indent=2) + "\n")
+        if first is not None:
+            _say(format_summary(num_steps=spec.num_steps - start, first_loss=first, last_loss=last, eval_loss=ev,
+                                tokens=summary["tokens"], elapsed_seconds=elapsed, export_dir=out,
+                                checkpoint=last_ckpt))
+    dist.barrier()
+    engine.destroy()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    # The deepspeed runner appends --local_rank=N; the spec file is the one positional argument.
+    sys.exit(main([a for a in sys.argv[1:] if not a.startswith("--local_rank")]))
