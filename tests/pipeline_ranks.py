@@ -168,6 +168,32 @@ def check_family(family: str, pp: int, result: dict, work: Path) -> None:
         result["checkpoint_calls"] = len(calls)
 
 
+def check_dp(family: str, result: dict) -> None:
+    """pp=2 x dp=2 on 4 ranks: the loss train_batch reports and every parameter's update equal
+    HF's on all four micro-batches (DeepSpeed averages over data-parallel ranks)."""
+    model = make_model(family, 4)
+    ref = copy.deepcopy(model)
+    pipe = to_pipeline(model, num_stages=2)
+    lr = 1000.0
+    engine = engine_for(pipe, ds_config(lr))
+    dp_rank, dp_size = pipe._grid.data_parallel_id, pipe._grid.data_parallel_size
+    data = {d: batches(GAS, padded=True, seed=20 + d) for d in range(dp_size)}
+    before = {n: p.detach().clone() for n, p in hf_params(pipe, model).items()}
+    loss = engine.train_batch(iter(data[dp_rank])).item()
+    ref.zero_grad()
+    ref_loss = 0.0
+    for d in range(dp_size):
+        for (i, m), lab in data[d]:
+            step = ref(input_ids=i, attention_mask=m, labels=lab).loss / (GAS * dp_size)
+            step.backward()
+            ref_loss += step.item()
+    grads = dict(ref.named_parameters(remove_duplicate=False))
+    result["dp_loss"] = [loss, ref_loss]
+    result["dp_grad_rel_err"] = max(
+        (((before[n] - p.detach()) / lr - grads[n].grad).abs().max() / (grads[n].grad.abs().max() + 1e-12)).item()
+        for n, p in hf_params(pipe, model).items())
+
+
 def reference_losses(family: str) -> list[float]:
     """DeepSpeed on the unwrapped HF model, dp=1, the same data and optimizer."""
     num_layers = 4 if family in ("llama", "gpt2") else 2
@@ -282,6 +308,8 @@ def main() -> None:
                 zero_export(family, 1, work, r)
             if family == "llama":
                 zero_export(family, 3, work, r)
+        if mode == "pp4":
+            check_dp(family, r)
         if mode == "pp2":
             roundtrip(family, pp, work, r)
             if family == "llama":

@@ -81,6 +81,14 @@ def test_pp4_loss_and_grads_equal_hf(pp4, family):
     assert [sum(n.startswith("layer.") for n in names) for names, _, _ in stages] == [1, 1, 1, 1]
 
 
+@pytest.mark.parametrize("family", PP4_FAMILIES)
+def test_pp2_dp2_loss_and_updates_equal_hf(pp4, family):
+    for r in pp4:
+        loss, ref = r[family]["dp_loss"]
+        assert _rel(loss, ref) <= LOSS_RTOL, (loss, ref)
+        assert r[family]["dp_grad_rel_err"] <= 1e-5
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_pp2_training_matches_deepspeed_on_unwrapped_model(pp1, pp2, family):
     reference = pp1[0][family]["reference_losses"]
