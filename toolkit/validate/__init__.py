@@ -1,0 +1,112 @@
+"""``dstk.validate``: check a DeepSpeed 0.19.8 config before DeepSpeed does.
+
+Fast: imports json, jsonschema and (for non-JSON files) hjson; never torch, deepspeed or transformers.
+
+    findings = validate_config(config, world_size=8, tensor_parallel=2)   # a dict
+    findings = validate_file("ds_config.json", hf=True)                  # a path: adds line/column
+
+The checks: the shipped JSON Schema of every key DeepSpeed reads (unknown keys are errors at every
+level), keys removed in 0.19.8, ``"auto"`` (error unless ``hf``, then only where the Trainer fills it),
+and the cross-field rules of :mod:`dstk.validate.rules`.
+"""
+
+from __future__ import annotations
+
+import os
+
+from dstk.findings import Finding
+from dstk.validate.rules import HF_FILLS, RULES, Context, split_auto, split_removed
+from dstk.validate.schema import findings_for, load_schema
+from dstk.validate.source import MAX_BYTES, Document, parse_bytes, parse_text
+
+__all__ = ["HF_FILLS", "Document", "Finding", "parse_text", "read_document", "validate_config",
+           "validate_document", "validate_file", "load_schema"]
+
+
+def validate_config(config: dict, *, world_size: int | None = None, tensor_parallel: int = 1,
+                    pipeline_stages: int = 1, hf: bool = False) -> list[Finding]:
+    """All findings for one config dict, in a stable order (by pointer, then code).
+
+    ``world_size`` is the total number of ranks; the data-parallel size is
+    ``world_size / (tensor_parallel x pipeline_stages)``. Without it the batch triad is only checked
+    for internal consistency.
+    """
+    if not isinstance(config, dict):
+        return [Finding(severity="error", code="DS003", message=f"the config is a {type(config).__name__}, "
+                        "not a JSON object", hint="a DeepSpeed config is one JSON object")]
+    for name, value in (("tensor_parallel", tensor_parallel), ("pipeline_stages", pipeline_stages)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}: expected an integer >= 1, got {value!r}")
+    if world_size is not None and (not isinstance(world_size, int) or world_size < 1):
+        raise ValueError(f"world_size: expected an integer >= 1 or None, got {world_size!r}")
+    cleaned, findings = split_removed(config)
+    cleaned, auto = split_auto(cleaned, Context(world_size=world_size, tensor_parallel=tensor_parallel,
+                                                pipeline_stages=pipeline_stages, hf=hf))
+    findings += auto
+    ctx = Context(world_size=world_size, tensor_parallel=tensor_parallel, pipeline_stages=pipeline_stages, hf=hf,
+                  auto_pointers=frozenset(f.pointer for f in auto) | _hf_filled(config, hf))
+    findings += findings_for(cleaned)
+    for rule in RULES:
+        findings.extend(rule(cleaned, ctx))
+    return _dedupe(findings)
+
+
+def _hf_filled(config: dict, hf: bool) -> frozenset[str]:
+    if not hf:
+        return frozenset()
+    out = set()
+    for pointer in HF_FILLS:
+        node = config
+        for part in pointer.strip("/").split("/"):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node == "auto":
+            out.add(pointer)
+    return frozenset(out)
+
+
+def _dedupe(findings: list[Finding]) -> list[Finding]:
+    seen = set()
+    out = []
+    for f in findings:
+        key = (f.code, f.pointer, f.message)
+        if key not in seen:
+            seen.add(key)
+            out.append(f)
+    return out
+
+
+def _locate(findings: list[Finding], doc: Document) -> list[Finding]:
+    out = []
+    for f in findings:
+        if f.line is None and doc.positions:
+            pointer = f.pointer
+            while pointer not in doc.positions and pointer:
+                pointer = pointer.rsplit("/", 1)[0]
+            if pointer in doc.positions:
+                line, col = doc.positions[pointer]
+                f = Finding(severity=f.severity, code=f.code, message=f.message, pointer=f.pointer, line=line,
+                            column=col, hint=f.hint)
+        out.append(f)
+    return out
+
+
+def validate_document(doc: Document, **options) -> list[Finding]:
+    findings = list(doc.findings)
+    if isinstance(doc.config, dict):
+        findings += validate_config(doc.config, **options)
+    located = _locate(findings, doc)
+    return sorted(located, key=lambda f: (f.line is None, f.line or 0, f.column or 0))
+
+
+def read_document(path: str | os.PathLike) -> Document:
+    """Read and parse one file; ``OSError`` for a path that cannot be read (the CLI's exit 2)."""
+    with open(path, "rb") as fh:
+        data = fh.read(MAX_BYTES + 1)
+    return parse_bytes(data)
+
+
+def validate_file(path: str | os.PathLike, *, world_size: int | None = None, tensor_parallel: int = 1,
+                  pipeline_stages: int = 1, hf: bool = False) -> list[Finding]:
+    """Findings for one file, with line and column; raises ``OSError`` if it cannot be read."""
+    return validate_document(read_document(path), world_size=world_size, tensor_parallel=tensor_parallel,
+                             pipeline_stages=pipeline_stages, hf=hf)
