@@ -86,13 +86,17 @@ def _enabled(config, section):
     return isinstance(value, dict) and value.get("enabled") is True
 
 
-def parse_in_process(config: dict, *, dp: int = 1, fill: bool = False) -> Verdict:
-    """Run DeepSpeedConfig here (imports deepspeed; starts a 1-rank gloo group once)."""
+def parse_in_process(config: dict | str, *, dp: int = 1, fill: bool = False) -> Verdict:
+    """Run DeepSpeedConfig here (imports deepspeed; starts a 1-rank gloo group once). ``config`` is a dict
+    or a file path (DeepSpeed then reads the file itself, with hjson and its duplicate-key check)."""
     from deepspeed.runtime.config import DeepSpeedConfig
 
     _init_group()
     try:
-        cfg = hf_fill(config) if fill else copy.deepcopy(config)
+        if isinstance(config, str):
+            cfg = config
+        else:
+            cfg = hf_fill(config) if fill else copy.deepcopy(config)
         DeepSpeedConfig(cfg, mpu=_MPU(dp))
     except Exception as exc:  # DeepSpeed raises assert/Type/Value/pydantic errors: all are its verdict
         text = " ".join(str(exc).split())
@@ -101,7 +105,7 @@ def parse_in_process(config: dict, *, dp: int = 1, fill: bool = False) -> Verdic
 
 
 def parse_many(jobs: list[dict], *, timeout: float = 300) -> list[Verdict]:
-    """DeepSpeed's verdict on each ``{"config": dict, "dp": int, "fill": bool}``, in one child process."""
+    """DeepSpeed's verdict on each ``{"config": dict | path, "dp": int, "fill": bool}``, in one child process."""
     if not jobs:
         return []
     with tempfile.TemporaryDirectory() as tmp:

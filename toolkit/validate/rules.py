@@ -473,6 +473,10 @@ def parallel_rules(config: dict, ctx: Context) -> Iterable[Finding]:
             yield _err("DS222", "/data_efficiency/data_sampling/dynamic_batching", "dynamic batching is enabled "
                        "without max_tokens: DeepSpeedConfig asserts", "add max_tokens")
     fp16 = _get(config, "fp16", kind=dict)
+    scale = _get(config, "fp16", "loss_scale", kind=float)
+    if scale is not None and (scale < 0 or scale in (float("inf"), float("-inf"))):
+        yield _err("DS104", "/fp16/loss_scale", f"fp16.loss_scale is {scale}; it must be a finite number >= 0 "
+                   "(0 = dynamic loss scaling)", "use 0 for dynamic scaling or a positive static scale")
     if fp16 and fp16.get("enabled") is True and _get(config, "fp16", "loss_scale", kind=float) in (None, 0):
         window = _get(config, "fp16", "loss_scale_window", kind=float)
         if window is not None and window <= 0:
