@@ -61,6 +61,22 @@ def test_two_nodes_on_one_machine_train_a_step(tmp_path, free_port):
     assert losses[0] != losses[1]  # each node trained on its own data
 
 
+def test_generated_run_dir_launches_and_trains(tmp_path):
+    """`dstk generate` -> `dstk launch`: the run directory of the tiny CPU example trains on 2 ranks."""
+    from dstk.cli import main
+
+    intent = Path(__file__).parent.parent / "examples" / "intents" / "tiny-llama-cpu.yaml"
+    run_dir = tmp_path / "run"
+    assert main(["generate", str(intent), "--output", str(run_dir)]) == 0
+    plan = json.loads((run_dir / "plan.json").read_text())
+    world = plan["cluster"]["num_nodes"] * plan["cluster"]["gpus_per_node"]
+    rc, out, err = finish(dstk("launch", str(run_dir), "--nccl-profile", "single-node", "--",
+                               str(SCRIPTS / "train_step.py"), "--steps", "3"))
+    assert rc == 0, f"{out[-3000:]}\n{err[-3000:]}"
+    steps = re.findall(rf"^\[rank (\d)\] STEP rank=\1 world={world} .* changed=True same=True$", out, re.M)
+    assert sorted(steps) == [str(r) for r in range(world)], out[-3000:]
+
+
 @pytest.mark.parametrize("mode,code,says", [
     ("exit", 7, "rank 1 on .* exited with code 7"),
     ("sigkill", 128 + 9, r"rank 1 on .* was killed by SIGKILL \(signal 9\)"),

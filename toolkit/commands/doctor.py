@@ -58,20 +58,13 @@ def _spec(args: argparse.Namespace, local_devices: int | None, cpu_here: bool):
         if len(slots) != 1:
             raise UsageError("hosts with different slot counts: give a RUN_DIR whose plan says the GPUs per node")
         import os
-        import tempfile
 
-        from dstk.launch.run import write_atomic
-
-        path = args.hostfile
-        if path is None:  # the runner needs a file; a temporary one is enough for a diagnosis
-            path = os.path.join(tempfile.mkdtemp(prefix="dstk-doctor-"), "hostfile")
-            from dstk.launch.hosts import render_hostfile
-
-            write_atomic(path, render_hostfile(host_list))
+        # A hostfile from --hosts is written by the benchmark launch into its own temporary directory.
+        path = os.path.abspath(args.hostfile) if args.hostfile else "hostfile"
         return LaunchSpec(script="dstk.launch.allreduce", module=True, num_nodes=len(host_list),
-                          gpus_per_node=slots.pop(), hosts=tuple(host_list), hostfile=os.path.abspath(path),
-                          launcher=args.launcher or "pdsh", master_addr=args.master_addr, master_port=port,
-                          env=merged, config_arg=None, cpu=cpu_here, run_dir=os.path.dirname(os.path.abspath(path)))
+                          gpus_per_node=slots.pop(), hosts=tuple(host_list), hostfile=path,
+                          write_hostfile=not args.hostfile, launcher=args.launcher or "pdsh",
+                          master_addr=args.master_addr, master_port=port, env=merged, config_arg=None, cpu=cpu_here)
     ranks = args.num_ranks or (local_devices if not cpu_here and local_devices else 2)
     if cpu_here and "OMP_NUM_THREADS" not in merged:
         import os

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shlex
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
@@ -121,18 +123,26 @@ def check_hosts(hosts: tuple[Host, ...], *, python: str, expected_devices: int |
         return list(pool.map(lambda h: check_host(h, python=python, expected_devices=expected_devices, cpu=cpu), hosts))
 
 
-def allreduce_spec(spec: LaunchSpec, *, sizes: str, iters: int) -> LaunchSpec:
-    """The launch of ``spec`` with the all-reduce benchmark as its script (and NCCL's NET lines on)."""
+def allreduce_spec(spec: LaunchSpec, *, sizes: str, iters: int, work_dir: str) -> LaunchSpec:
+    """The launch of ``spec`` with the all-reduce benchmark as its script (and NCCL's NET lines on).
+
+    Files the launch writes (a hostfile from ``--hosts``, ``.deepspeed_env``) go to ``work_dir``,
+    so a diagnosis never touches the run directory or the user's hostfile's directory."""
     env = dict(spec.env)
     env.setdefault("NCCL_DEBUG", "INFO")
     env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,NET")
+    hostfile = os.path.join(work_dir, "hostfile") if spec.write_hostfile else spec.hostfile
     return dataclasses.replace(spec, script="dstk.launch.allreduce", module=True,
                                script_args=("--sizes", sizes, "--iters", str(iters)), config_arg=None,
-                               env=tuple(env.items()))
+                               env=tuple(env.items()), run_dir=work_dir, hostfile=hostfile)
 
 
 def run_allreduce(spec: LaunchSpec, *, sizes: str = "1M,8M", iters: int = 5) -> Check:
-    bench = allreduce_spec(spec, sizes=sizes, iters=iters)
+    with tempfile.TemporaryDirectory(prefix="dstk-doctor-") as work_dir:
+        return _run_allreduce(allreduce_spec(spec, sizes=sizes, iters=iters, work_dir=work_dir))
+
+
+def _run_allreduce(bench: LaunchSpec) -> Check:
     plan = plan_launch(bench)
     results: list[dict] = []
     nets: list[str] = []

@@ -1,4 +1,4 @@
-"""One real DeepSpeed training step on this rank (gloo on CPU, NCCL on GPU): started by `dstk launch` in tests."""
+"""Real DeepSpeed training steps (--steps, default 1) on this rank (gloo on CPU, NCCL on GPU): started by `dstk launch` in tests."""
 
 import argparse
 import os
@@ -11,6 +11,7 @@ from deepspeed.accelerator import get_accelerator
 parser = argparse.ArgumentParser()
 parser.add_argument("--local_rank", type=int, default=0)
 parser.add_argument("--deepspeed_config", required=True)
+parser.add_argument("--steps", type=int, default=1)
 args = parser.parse_args()
 
 deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
@@ -18,11 +19,14 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
 engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=args.deepspeed_config)
 torch.manual_seed(1 + dist.get_rank())
-x, y = torch.randn(4, 8).to(engine.device), torch.randn(4, 1).to(engine.device)
+dtype = next(engine.module.parameters()).dtype  # bf16 when the config says so
+x = torch.randn(engine.train_micro_batch_size_per_gpu(), 8).to(engine.device, dtype)
+y = torch.randn(engine.train_micro_batch_size_per_gpu(), 1).to(engine.device, dtype)
 before = [p.detach().clone() for p in engine.module.parameters()]
-loss = torch.nn.functional.mse_loss(engine(x), y)
-engine.backward(loss)
-engine.step()
+for _ in range(args.steps):  # a warm-up schedule may start at lr 0: take enough steps to move
+    loss = torch.nn.functional.mse_loss(engine(x), y)
+    engine.backward(loss)
+    engine.step()
 changed = any(not torch.equal(a, b) for a, b in zip(before, engine.module.parameters()))
 # Data parallel: after the step every rank holds the same weights.
 flat = torch.cat([p.detach().flatten() for p in engine.module.parameters()])
