@@ -184,3 +184,26 @@ def test_models_and_gpus_commands(capsys):
     assert any(r["name"] == "llama-3-8b" for r in json.loads(capsys.readouterr().out))
     assert main(["gpus"]) == 0
     assert "h100-sxm" in capsys.readouterr().out
+
+
+def test_cli_from_an_intent_file(tmp_path, capsys):
+    intent = tmp_path / "intent.yaml"
+    intent.write_text("model: {num_layers: 2, hidden_size: 64, num_heads: 4, vocab_size: 512}\n"
+                      "cluster: {num_nodes: 1, gpus_per_node: 2, gpu: cpu}\n"
+                      "training: {seq_len: 64, global_batch: 8, precision: fp32}\n")
+    assert main(["estimate", "--intent", str(intent), "--zero", "2", "--micro-batch", "2", "--format", "json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["layout"]["dp"] == 2 and d["layout"]["grad_accum"] == 2 and d["training"]["precision"] == "fp32"
+    assert d["cluster"]["gpu"] == "cpu"
+    assert main(["estimate", "--intent", str(intent), "--gpus", "4"]) == 2
+
+
+def test_cli_estimate_does_not_import_the_heavy_stack():
+    import subprocess
+    import sys
+
+    code = ("import sys; from dstk.cli import main; main(['estimate', '--model', 'llama-3-8b', '--gpus', '8', "
+            "'--format', 'json']); print([m for m in ('torch', 'deepspeed', 'transformers', 'datasets') "
+            "if m in sys.modules], file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stderr.strip().splitlines()[-1] == "[]"

@@ -17,13 +17,15 @@ DESCRIPTION = (
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--intent", metavar="FILE", help="take model, cluster and training from an intent file "
+                        "(`dstk plan`'s YAML); the layout flags below still choose the layout")
     m = parser.add_argument_group("model (one of)")
     m.add_argument("--model", metavar="NAME|PATH", help="preset slug or HF config.json (file or directory)")
     m.add_argument("--params", type=float, metavar="N", help="parameter count only (e.g. 7e9): no activations")
     for flag in ("num-layers", "hidden-size", "num-heads", "vocab-size", "ffn-hidden-size", "num-kv-heads"):
         m.add_argument(f"--{flag}", type=int, metavar="N")
     c = parser.add_argument_group("cluster")
-    c.add_argument("--gpus", type=int, required=True, metavar="N", help="GPUs in all")
+    c.add_argument("--gpus", type=int, metavar="N", help="GPUs in all (required without --intent)")
     c.add_argument("--gpus-per-node", type=int, metavar="G", help="default: min(N, 8)")
     c.add_argument("--gpu", default="h100-sxm", metavar="TYPE", help="GPU slug (`dstk gpus`), default h100-sxm")
     c.add_argument("--interconnect", metavar="NET", help="inter-node network slug (default: usual for the GPU)")
@@ -126,7 +128,13 @@ def layout_and_training(args: argparse.Namespace, model):
 
 
 def _gib(n) -> str:
-    return "unknown" if n is None else f"{n / 2**30:.2f} GiB"
+    """Bytes in the largest binary unit that keeps the figure >= 1 (tiny CPU models read as KiB)."""
+    if n is None:
+        return "unknown"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
 
 
 def _seconds(s: float) -> str:
@@ -174,12 +182,37 @@ def render_human(est) -> str:
     return "\n".join(lines)
 
 
+def from_intent(args: argparse.Namespace):
+    """Model, cluster and training from an intent file; the layout from the flags."""
+    import dataclasses
+
+    from dstk.intent import load_intent
+    from dstk.plan import resolve
+
+    clashing = [f for f in ("model", "params", "num_layers", "gpus", "gpu", "seq_len", "global_batch")
+                if getattr(args, f) not in (None, "h100-sxm")]
+    if clashing:
+        raise UsageError(f"--intent gives the model, cluster and training; drop --{clashing[0].replace('_', '-')}",
+                         hint="edit the intent file instead, or leave --intent out")
+    ctx = resolve(load_intent(args.intent))
+    args = argparse.Namespace(**{**vars(args), "gpus": ctx.cluster.world_size,
+                                 "global_batch": ctx.training.global_batch, "seq_len": ctx.training.seq_len})
+    layout, _ = layout_and_training(args, ctx.model)
+    training = dataclasses.replace(ctx.training, attention=args.attention) if args.attention != "sdpa" else ctx.training
+    return ctx.model, ctx.cluster, layout, training
+
+
 def run(args: argparse.Namespace) -> int:
     from dstk.estimate import estimate
 
-    model = model_from_args(args)
-    cluster = cluster_from_args(args)
-    layout, training = layout_and_training(args, model)
+    if args.intent:
+        model, cluster, layout, training = from_intent(args)
+    else:
+        if args.gpus is None:
+            raise UsageError("--gpus N is required (or give --intent FILE)", hint="e.g. --gpus 8")
+        model = model_from_args(args)
+        cluster = cluster_from_args(args)
+        layout, training = layout_and_training(args, model)
     est = estimate(model=model, layout=layout, training=training, cluster=cluster)
     if args.format == "json":
         print(json.dumps(est.to_dict(), indent=2))
