@@ -301,7 +301,7 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
 
     stages = []
     cpu_total = nvme_total = 0.0
-    worst_time = 0.0
+    slowest_flops = 0.0
     fwd_layer_flops = 2.0 * f.layer_matmul_active + 4.0 * training.seq_len * f.attention_width
     counts = stage_layers(f.layers, pp)
     for i, n in enumerate(counts):
@@ -338,7 +338,7 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
         cpu_total = max(cpu_total, states.cpu_bytes + offload_cpu)
         nvme_total = max(nvme_total, states.nvme_bytes)
         stage_flops = n * fwd_layer_flops + (2.0 * f.head_matmul if last else 0.0)
-        worst_time = max(worst_time, stage_flops)
+        slowest_flops = max(slowest_flops, stage_flops)
 
     # --- time -------------------------------------------------------------------------------
     tokens_step = layout.global_batch * training.seq_len
@@ -350,7 +350,7 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
     achievable = peak * gpu.achievable_fraction
     # One micro-batch on the slowest stage, forward + backward (+ recompute), sharded by TP.
     recompute_factor = hw_flops_token / model_flops_token
-    mb_compute = 3.0 * worst_time * recompute_factor * tokens_mb / tp / achievable
+    mb_compute = 3.0 * slowest_flops * recompute_factor * tokens_mb / tp / achievable
     tp_seconds = pp_seconds = 0.0
     if tp > 1:
         bw, lat = _bandwidth(group=tp, stride=1, cluster=cluster)
