@@ -106,6 +106,8 @@ def _annotation(ann) -> dict:
         subs = [_annotation(a) for a in parts]
         if any(not s for s in subs):
             return {}
+        if len(subs) == 1 and "properties" in subs[0]:  # Optional[Model]: keep the closed object, allow null
+            return {**subs[0], "type": ["object", "null"] if nullable else "object"}
         if all(set(s) == {"type"} and isinstance(s["type"], str) for s in subs):
             kinds = [s["type"] for s in subs] + (["null"] if nullable else [])
             return {"type": kinds[0] if len(kinds) == 1 else kinds}
