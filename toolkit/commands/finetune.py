@@ -42,8 +42,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ranks", type=int, help="ranks to launch; must equal the plan's world size")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --output from its newest complete checkpoint")
-    parser.add_argument("--trainer", choices=["native"], default="native",
-                        help="native: the DeepSpeed engine loop")
+    parser.add_argument("--trainer", choices=["native", "hf"], default="native",
+                        help="native: dstk's loop on the DeepSpeed engine; hf: transformers' Trainer with the "
+                             "run directory's ds_config.hf.json")
     parser.add_argument("--master-port", type=int, help="rendezvous port (default: a free one)")
     parser.add_argument("--prepare-only", action="store_true",
                         help="check and prepare everything, print the spec file, start nothing")
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         run_dir=args.plan, data=tuple(args.data), output_dir=args.output, model=args.model, steps=args.steps,
         epochs=args.epochs, eval_split=args.eval_split, text_field=args.text_field, prompt_field=args.prompt_field,
         response_field=args.response_field, seed=args.seed, save_every=args.save_every, eval_every=args.eval_every,
-        log_every=args.log_every, ranks=args.ranks, resume=args.resume,
+        log_every=args.log_every, ranks=args.ranks, resume=args.resume, trainer=args.trainer,
     )
     spec_path = prepare(req)
     if args.prepare_only:

@@ -38,6 +38,8 @@ class FinetuneRequest:
     ranks: int | None = None
     """Ranks to launch on this machine; must equal the plan's world size."""
     resume: bool = False
+    trainer: str = "native"
+    """``native``: dstk's loop on the DeepSpeed engine; ``hf``: transformers' Trainer with ds_config.hf.json."""
 
 
 def precision_of(config: dict) -> str:
@@ -94,9 +96,6 @@ def _check_plan(req: FinetuneRequest) -> tuple[dict, dict]:
     if req.ranks is not None and req.ranks != world:
         raise DstkError(f"the plan is for {world} ranks but --ranks {req.ranks} would be launched",
                         hint=f"launch {world} ranks, or plan for {req.ranks}: dstk generate ... --gpus-per-node {req.ranks}")
-    if int(layout.get("pp", 1)) > 1:
-        raise DstkError("pipeline plans (pp > 1) are not supported by dstk finetune yet",
-                        hint="plan with --pp 1 (ZeRO or AutoTP)")
     if cluster.get("gpu") == "cpu" and precision_of(config) == "fp16":
         raise DstkError("fp16 does not train on CPU ranks (DeepSpeed's CPU accelerator has bf16 and fp32)",
                         hint="plan with --precision bf16 or fp32")
@@ -128,6 +127,7 @@ def prepare(req: FinetuneRequest, *, log=lambda s: print(s, file=sys.stderr)) ->
 
     plan, config = _check_plan(req)
     layout = plan["layout"]
+    tp, pp = int(layout.get("tp", 1)), int(layout.get("pp", 1))
     seq_len = int(plan["training"]["seq_len"])
     cfg, local_dir = M.resolve_config(req.model, plan=plan, seq_len=seq_len)
     ds = D.load_records(list(req.data), text_field=req.text_field, prompt_field=req.prompt_field,
@@ -166,7 +166,6 @@ def prepare(req: FinetuneRequest, *, log=lambda s: print(s, file=sys.stderr)) ->
     if eval_idx:
         torch.save(tensor[eval_idx].clone(), prepared / "eval.pt")
 
-    tp, pp = int(layout.get("tp", 1)), int(layout.get("pp", 1))
     dp = int(layout["dp"])
     gb = global_batch_of(config, dp=dp)
     if req.steps is not None:
@@ -185,6 +184,18 @@ def prepare(req: FinetuneRequest, *, log=lambda s: print(s, file=sys.stderr)) ->
     from dstk.launch.run import write_atomic
 
     write_atomic(out / "ds_config.json", json.dumps(effective, indent=2) + "\n")
+    hf_config_path = None
+    if req.trainer == "hf":
+        if pp > 1:
+            raise DstkError("transformers' Trainer cannot run DeepSpeed's pipeline engine (the plan has pp > 1)",
+                            hint="use --trainer native, or plan with --pp 1")
+        src = Path(req.run_dir) / "ds_config.hf.json"
+        if not src.is_file():
+            raise UsageError(f"{src}: not found", hint="regenerate the run directory with `dstk generate`")
+        hf_cfg = json.loads(src.read_text(encoding="utf-8"))
+        hf_cfg["csv_monitor"] = effective["csv_monitor"]
+        hf_config_path = out / "ds_config.hf.json"
+        write_atomic(hf_config_path, json.dumps(hf_cfg, indent=2) + "\n")
     if local_dir:
         source = local_dir
     else:
@@ -199,7 +210,8 @@ def prepare(req: FinetuneRequest, *, log=lambda s: print(s, file=sys.stderr)) ->
         eval_blocks=str((prepared / "eval.pt").resolve()) if eval_idx else None,
         num_steps=int(steps), seed=req.seed, tp=tp, pp=pp, world_size=dp * tp * pp,
         precision=precision_of(config), save_every=req.save_every, eval_every=req.eval_every,
-        log_every=req.log_every, resume=False,
+        log_every=req.log_every, resume=False, trainer=req.trainer,
+        hf_ds_config=str(hf_config_path.resolve()) if hf_config_path else None,
     )
     spec.dump(spec_path)
     return spec_path
@@ -210,7 +222,9 @@ def launch(run_dir: str, spec_path: Path, *, master_port: int | None = None) -> 
     exit when any rank fails)."""
     from dstk.launch import run_launch, spec_from_run_dir
 
-    spec = spec_from_run_dir(run_dir, script="dstk.train.worker", module=True, script_args=[str(spec_path)],
+    trainer = TrainSpec.load(spec_path).trainer
+    script = "dstk.train.hf_worker" if trainer == "hf" else "dstk.train.worker"
+    spec = spec_from_run_dir(run_dir, script=script, module=True, script_args=[str(spec_path)],
                              config_arg=None, master_port=master_port,
                              env={"TOKENIZERS_PARALLELISM": "false"})
     return run_launch(spec)

@@ -35,6 +35,10 @@ class TrainSpec:
     eval_every: int = 0
     log_every: int = 1
     resume: bool = False
+    trainer: str = "native"
+    """``native`` (the DeepSpeed engine loop, ``dstk.train.worker``) or ``hf`` (transformers' Trainer)."""
+    hf_ds_config: str | None = None
+    """For ``trainer == "hf"``: the run directory's ``ds_config.hf.json`` plus the csv monitor."""
 
     def __post_init__(self) -> None:
         for name in ("num_steps", "world_size", "tp", "pp", "log_every"):
@@ -43,6 +47,8 @@ class TrainSpec:
         for name in ("save_every", "eval_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)}")
+        if self.trainer not in ("native", "hf"):
+            raise ValueError(f"trainer: expected native|hf, got {self.trainer!r}")
         if self.precision not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"precision: expected bf16|fp16|fp32, got {self.precision!r}")
 

@@ -68,6 +68,12 @@ def evaluate(engine, blocks, *, micro_batch: int) -> float:
     each forward), so the figure is the same on every rank."""
     import torch
 
+    if getattr(engine, "is_pipe_parallel", False):
+        # The pipeline's shapes are fixed by training: eval in whole micro-batches, wrapping around.
+        n = len(blocks)
+        chunks = [blocks[[j % n for j in range(i, i + micro_batch)]] for i in range(0, n, micro_batch)]
+        loss = engine.eval_batch(data_iter=iter([(c, c) for c in chunks]), num_micro_batches=len(chunks))
+        return float(loss)
     engine.eval()
     total, count = 0.0, 0
     with torch.no_grad():
@@ -97,7 +103,7 @@ def save(engine, spec: TrainSpec, *, step: int, rank: int) -> None:
 def export(engine, model_cls_config, spec: TrainSpec, *, rank: int) -> str | None:
     """Gather full weights (ZeRO-3 partitions, AutoTP shards) and write an HF directory on rank 0."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if engine.zero_optimization_stage() == 3 or spec.tp > 1:
         state = engine._consolidated_16bit_state_dict()  # collective: every rank calls it
@@ -105,7 +111,6 @@ def export(engine, model_cls_config, spec: TrainSpec, *, rank: int) -> str | Non
         state = engine.module.state_dict() if rank == 0 else None
     if rank != 0:
         return None
-    target = Path(spec.output_dir) / "model"
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec.precision]
     model = AutoModelForCausalLM.from_config(model_cls_config, dtype=dtype)
     missing, unexpected = model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
@@ -115,10 +120,18 @@ def export(engine, model_cls_config, spec: TrainSpec, *, rank: int) -> str | Non
         raise RuntimeError(f"export: state dict does not match the model: missing {missing}, unexpected {unexpected}")
     tmp = Path(tempfile.mkdtemp(prefix=".model-", dir=spec.output_dir))
     model.save_pretrained(str(tmp))
-    AutoTokenizer.from_pretrained(spec.tokenizer_dir).save_pretrained(str(tmp))
-    if target.exists():
-        import shutil
+    return _publish_model(spec, tmp)
 
+
+def _publish_model(spec: TrainSpec, tmp: Path) -> str:
+    """Move a finished export into OUTPUT/model; an older export is replaced only once the new one is whole."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(spec.tokenizer_dir).save_pretrained(str(tmp))
+    target = Path(spec.output_dir) / "model"
+    if target.exists():
         old = target.with_name(f".model-old-{os.getpid()}")
         os.rename(target, old)
         os.rename(tmp, target)
@@ -126,6 +139,18 @@ def export(engine, model_cls_config, spec: TrainSpec, *, rank: int) -> str | Non
     else:
         os.rename(tmp, target)
     return str(target)
+
+
+def export_pipeline(spec: TrainSpec, *, rank: int, step: int) -> str | None:
+    """Rank 0: the final pipeline checkpoint back to HF names through issue 5's ``export_hf``."""
+    if rank != 0:
+        return None
+    from dstk.models import export_hf
+
+    tmp = Path(spec.output_dir) / f".model-export-{os.getpid()}"
+    export_hf(Path(spec.output_dir) / "checkpoints", tmp, config=spec.model_source, tag=ckpt.tag_for(step),
+              dtype=spec.precision)
+    return _publish_model(spec, tmp)
 
 
 def main(argv: list[str]) -> int:
@@ -142,14 +167,20 @@ def main(argv: list[str]) -> int:
     random.seed(spec.seed)
     torch.manual_seed(spec.seed)
     model = build_model(spec)
+    train = torch.load(spec.train_blocks)
+    evals = torch.load(spec.eval_blocks) if spec.eval_blocks else None
+    seq_len = train.shape[1]
+    if spec.pp > 1:
+        from dstk.models import to_pipeline
+
+        model = to_pipeline(model, num_stages=spec.pp, seq_len=seq_len)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()], config=config)
     micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     dp = world // (spec.tp * spec.pp)
-    dp_rank = rank // spec.tp  # AutoTP groups are consecutive ranks
+    # AutoTP groups are consecutive ranks; a pipeline's data-parallel rank comes from its grid.
+    dp_rank = engine.grid.get_data_parallel_id() if spec.pp > 1 else rank // spec.tp
     global_batch = micro * accum * dp
     device = engine.device
-    train = torch.load(spec.train_blocks)
-    evals = torch.load(spec.eval_blocks) if spec.eval_blocks else None
     root = Path(spec.output_dir) / "checkpoints"
 
     start = 0
@@ -170,7 +201,6 @@ def main(argv: list[str]) -> int:
             _say(f"removed incomplete checkpoint {p}")
     dist.barrier()
 
-    seq_len = train.shape[1]
     tokens_per_step = global_batch * seq_len
     first = last = None
     t0 = time.perf_counter()
@@ -178,12 +208,17 @@ def main(argv: list[str]) -> int:
     for step in range(start, spec.num_steps):
         blocks = step_blocks(step, num_blocks=len(train), global_batch=global_batch, seed=spec.seed)
         losses = []
-        for idx in rank_micro_batches(blocks, dp_rank=dp_rank, dp=dp, micro_batch=micro, grad_accum=accum):
-            batch = train[idx].to(device)
-            loss = engine(input_ids=batch, labels=batch).loss
-            engine.backward(loss)
-            engine.step()
-            losses.append(float(loss.detach()))
+        micro_batches = rank_micro_batches(blocks, dp_rank=dp_rank, dp=dp, micro_batch=micro, grad_accum=accum)
+        if spec.pp > 1:  # the pipeline engine runs the micro-batches and the optimizer step itself
+            data = iter([(train[idx].to(device), train[idx].to(device)) for idx in micro_batches])
+            losses.append(float(engine.train_batch(data_iter=data)))
+        else:
+            for idx in micro_batches:
+                batch = train[idx].to(device)
+                loss = engine(input_ids=batch, labels=batch).loss
+                engine.backward(loss)
+                engine.step()
+                losses.append(float(loss.detach()))
         loss = _all_mean(sum(losses) / len(losses))
         done = step + 1
         first = loss if first is None else first
@@ -212,17 +247,23 @@ def main(argv: list[str]) -> int:
     if start < spec.num_steps:
         save(engine, spec, step=spec.num_steps, rank=rank)
         last_ckpt = str(root / ckpt.tag_for(spec.num_steps))
-    # Logits of the trained engine on one block: `dstk finetune` users can compare the export with them.
-    probe = (evals if evals is not None else train)[:1].to(device)
-    engine.eval()
-    with torch.no_grad():
-        logits = engine(input_ids=probe).logits.float().cpu()
-    from transformers import AutoConfig
+    # The trained engine on one micro-batch (logits; the loss for a pipeline, whose logits stay on
+    # the last stage): anyone can compare the exported model with it.
+    source = evals if evals is not None else train
+    probe = source[[j % len(source) for j in range(micro)]].to(device)
+    probe_out = {"input_ids": probe.cpu(), "loss": evaluate(engine, probe, micro_batch=micro)}
+    if spec.pp == 1:
+        engine.eval()
+        with torch.no_grad():
+            probe_out["logits"] = engine(input_ids=probe).logits.float().cpu()
+    if spec.pp > 1:
+        out = export_pipeline(spec, rank=rank, step=spec.num_steps)
+    else:
+        from transformers import AutoConfig
 
-    hf_config = AutoConfig.from_pretrained(spec.model_source)
-    out = export(engine, hf_config, spec, rank=rank)
+        out = export(engine, AutoConfig.from_pretrained(spec.model_source), spec, rank=rank)
     if rank == 0:
-        torch.save({"input_ids": probe.cpu(), "logits": logits}, Path(spec.output_dir) / "probe_logits.pt")
+        torch.save(probe_out, Path(spec.output_dir) / "probe_logits.pt")
         summary = {"steps": spec.num_steps, "start_step": start, "first_loss": first, "last_loss": last,
                    "eval_loss": ev, "eval_perplexity": None if ev is None else math.exp(min(ev, 50)),
                    "tokens": tokens_per_step * (spec.num_steps - start), "seconds": elapsed,
