@@ -112,3 +112,35 @@ def test_schema_command_prints_the_schema_and_parts_of_it(capsys):
     assert main(["schema", "--pointer", "/properties/nope"]) == 2
     assert main(["schema", "--hf-auto", "--format", "text"]) == 0
     assert "per_device_train_batch_size" in capsys.readouterr().out
+
+
+def test_deepspeed_flag_reports_deepspeeds_own_verdict(files, capsys):
+    """DeepSpeed accepts the top-level typo (a trap) and rejects the bad triad at dp 4."""
+    typo = files("typo.json", '{"train_micro_batch_size_per_gpu": 2, "zero_optimisation": {"stage": 3}}')
+    triad = files("triad.json", '{"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4, '
+                                '"gradient_accumulation_steps": 2}')
+    assert main(["validate", typo, triad, "--deepspeed", "--world-size", "4", "--format", "json"]) == 1
+    out = json.loads(capsys.readouterr().out)
+    verdicts = [f["deepspeed"] for f in out["files"]]
+    assert verdicts[0] == {"accepted": True, "error": None}
+    assert verdicts[1]["accepted"] is False and "64 != 4 * 2 * 4" in verdicts[1]["error"]
+
+
+def test_docs_list_every_finding_code_and_the_hooks_call_dstk():
+    import pathlib
+    import re
+
+    import yaml
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    source = "".join(p.read_text() for p in (root / "toolkit" / "validate").glob("*.py"))
+    used = set(re.findall(r'"(DS\d{3})"', source))
+    documented = set(re.findall(r"^\| (DS\d{3}) \|", (root / "docs" / "validate.md").read_text(), re.M))
+    assert used and used == documented
+    hooks = yaml.safe_load((root / ".pre-commit-hooks.yaml").read_text())
+    assert {h["id"] for h in hooks} == {"dstk-validate", "dstk-validate-hf"}
+    assert all(h["entry"].startswith("dstk validate") for h in hooks)
+    workflow = yaml.safe_load((root / "examples" / "github-workflow.yml").read_text())
+    steps = [s.get("run", "") for s in workflow["jobs"]["validate"]["steps"]]
+    assert any("dstk validate" in s and "--format github" in s for s in steps)
+    yaml.safe_load((root / "examples" / "pre-commit-config.yaml").read_text())
