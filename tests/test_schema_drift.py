@@ -229,3 +229,20 @@ def test_schema_is_a_valid_draft_2020_12_schema_closed_at_every_level():
     walk(schema, "")
     assert open_objects == []
     assert all("description" in v for v in schema["properties"].values())
+
+
+def test_the_drift_walk_does_fail_on_a_missing_key_type_or_enum(monkeypatch):
+    import copy
+
+    import test_schema_drift as me
+
+    broken = copy.deepcopy(load_schema())
+    zero = broken["properties"]["zero_optimization"]["properties"]
+    del zero["overlap_comm"]
+    zero["stage"]["enum"] = [0, 1, 2]
+    zero["reduce_scatter"]["type"] = "string"
+    monkeypatch.setattr(me, "load_schema", lambda: broken)
+    problems: list[str] = []
+    _walk_model(_load(MODELS["/properties/zero_optimization"]), "/properties/zero_optimization", problems)
+    text = "\n".join(problems)
+    assert "lacks 'overlap_comm'" in text and "enum lacks [3]" in text and "reduce_scatter" in text

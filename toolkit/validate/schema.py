@@ -112,10 +112,10 @@ def _translate(err, *, base: str, what: str) -> list[Finding]:
             child = f"{pointer}/{key.replace('~', '~0').replace('/', '~1')}"
             guess = did_you_mean(key, props)
             elsewhere = [p for p in key_index().get(key, ()) if p != (pointer or "/")]
-            if guess:
+            if elsewhere and not what:  # an exact key of another section beats a near miss here
+                hint = f"'{key}' belongs under {elsewhere[0]}" + (f" (or did you mean '{guess}'?)" if guess else "")
+            elif guess:
                 hint = f"did you mean '{guess}'?"
-            elif elsewhere:
-                hint = f"'{key}' belongs under {elsewhere[0]}"
             else:
                 hint = f"remove it; {section} accepts: " + ", ".join(sorted(props)[:12]) + (
                     ", ..." if len(props) > 12 else "")
