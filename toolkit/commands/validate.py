@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 
-from dstk.errors import EXIT_INVALID, EXIT_OK, UsageError
+from dstk.errors import EXIT_INVALID, EXIT_OK, DstkError, UsageError
 
 HELP = "check DeepSpeed config files against the 0.19.8 schema and the cross-field rules"
 DESCRIPTION = (
@@ -111,5 +112,9 @@ def _deepspeed_verdicts(results, args) -> dict:
         if isinstance(doc.config, dict):
             jobs.append({"config": doc.config, "dp": 1 if args.hf else dp, "fill": args.hf})
             paths.append(path)
-    verdicts = parse_many(jobs)
+    try:
+        verdicts = parse_many(jobs)
+    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+        raise DstkError(f"could not run DeepSpeed's parser: {exc}",
+                        hint="check that deepspeed imports (`python -c 'import deepspeed'`), or drop --deepspeed") from None
     return {p: {"accepted": v.accepted, "error": v.error} for p, v in zip(paths, verdicts)}
