@@ -28,9 +28,9 @@ _FLAGS: list[tuple[str, str, str, dict]] = [
     ("--nodes", "cluster", "num_nodes", {"type": int}),
     ("--gpus-per-node", "cluster", "gpus_per_node", {"type": int}),
     ("--gpu", "cluster", "gpu", {"metavar": "TYPE"}),
-    ("--interconnect", "cluster", "interconnect", {}),
-    ("--gpu-memory-gib", "cluster", "gpu_memory_gib", {"type": float}),
-    ("--gpu-tflops", "cluster", "gpu_tflops", {"type": float}),
+    ("--interconnect", "cluster", "interconnect", {"metavar": "NET"}),
+    ("--gpu-memory-gib", "cluster", "gpu_memory_gib", {"type": float, "metavar": "GIB"}),
+    ("--gpu-tflops", "cluster", "gpu_tflops", {"type": float, "metavar": "TFLOPS"}),
     ("--hardware", "cluster", "hardware", {"metavar": "FILE"}),
     ("--seq-len", "training", "seq_len", {"type": int}),
     ("--global-batch", "training", "global_batch", {"type": int}),
@@ -40,11 +40,11 @@ _FLAGS: list[tuple[str, str, str, dict]] = [
     ("--precision", "training", "precision", {"choices": ["bf16", "fp16", "fp32"]}),
     ("--optimizer", "training", "optimizer", {"choices": ["adamw", "adam", "sgd", "lion", "adafactor"]}),
     ("--attention", "training", "attention", {"choices": ["sdpa", "flash", "eager"]}),
-    ("--lr", "training", "lr", {"type": float}),
+    ("--lr", "training", "lr", {"type": float, "metavar": "LR"}),
     ("--schedule", "training", "schedule", {"choices": ["cosine", "linear", "constant"]}),
     ("--warmup-steps", "training", "warmup_steps", {"type": int}),
     ("--engine", "constraints", "engine", {"choices": ["deepspeed", "megatron"]}),
-    ("--nvme-path", "constraints", "nvme_path", {}),
+    ("--nvme-path", "constraints", "nvme_path", {"metavar": "PATH"}),
     ("--max-tp", "constraints", "max_tp", {"type": int}),
     ("--headroom", "constraints", "memory_headroom", {"type": float, "metavar": "FRACTION"}),
     ("--dp", "constraints", "dp", {"type": int}),
@@ -68,6 +68,8 @@ def add_intent_arguments(parser: argparse.ArgumentParser, *, positional_help: st
     groups = {name: parser.add_argument_group(f"{name} (intent section `{name}`)")
               for name in ("model", "cluster", "training", "constraints")}
     for flag, section, field, kwargs in _FLAGS:
+        if "metavar" not in kwargs and "choices" not in kwargs:
+            kwargs = {**kwargs, "metavar": "N"}  # every other flag is a count; argparse would show the dest
         groups[section].add_argument(flag, dest=f"i_{section}__{field}", default=None,
                                      help=field_doc(section, field), **kwargs)
     groups["cluster"].add_argument("--gpus", dest="i_gpus", type=int, default=None, metavar="N",
