@@ -118,7 +118,15 @@ def test_bad_input_is_refused_before_any_rank_starts(case, run_dir, tmp_path, ca
     assert _finetune(run_dir, out, *extra, data=data) == code
     err = capsys.readouterr().err
     assert words in err and "fix:" in err and "Traceback" not in err
-    assert not (out / "finetune.json").exists()  # nothing was handed to ranks
+    assert not out.exists()  # nothing was prepared, nothing handed to ranks
+
+
+def test_hf_trainer_refuses_a_pipeline_plan(tmp_path, capsys):
+    run = tmp_path / "pp"
+    assert main(["generate", str(EXAMPLE), "--pp", "2", "--output", str(run)]) == 0
+    assert _finetune(run, tmp_path / "o", "--trainer", "hf", "--prepare-only") == 1
+    assert "pipeline engine" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()  # refused after tokenizing: the half-prepared directory is gone
 
 
 def test_multi_node_plan_is_refused(tmp_path, capsys):
@@ -151,3 +159,18 @@ def test_prepare_only_writes_a_spec_the_ranks_can_read(run_dir, tmp_path, capsys
     assert "plus" in text and len(tok) <= 512
     assert _finetune(run_dir, out, "--prepare-only", data=[str(tmp_path / "pr.jsonl")]) == 2  # not over a run
     assert "--resume" in capsys.readouterr().err
+
+
+def test_intent_is_planned_into_the_output_and_resume_needs_only_the_output(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["finetune", "--intent", str(EXAMPLE), "--data", str(CORPUS), "--output", str(out),
+                 "--steps", "5", "--prepare-only"]) == 0
+    from dstk.train.spec import TrainSpec
+
+    spec = TrainSpec.load(out / "finetune.json")
+    assert Path(spec.run_dir) == (out / "plan").resolve()
+    assert json.loads((out / "plan" / "plan.json").read_text())["layout"]["dp"] == 2
+    assert main(["finetune", "--output", str(out), "--resume", "--prepare-only"]) == 0
+    assert TrainSpec.load(out / "finetune.json").resume is True
+    assert main(["finetune", "--output", str(out), "--resume", "--steps", "9", "--prepare-only"]) == 1
+    assert "differs" in capsys.readouterr().err

@@ -172,3 +172,24 @@ def test_layout_trains_and_exports_the_trained_weights(name, tmp_path):
     assert "exported HF model" in text and "eval loss" in text
     # AutoTP sums each sharded matmul in two halves plus an all-reduce: a different float order
     _check_export(out, atol=1e-4 if name == "autotp2" else 0.0)
+
+
+@pytest.mark.timeout(300)
+def test_hf_trainer_runs_the_same_plan_and_exports_what_it_evaluated(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    run_dir = _generate(tmp_path, "zero2")
+    out = tmp_path / "hf"
+    proc = subprocess.run(_cmd(run_dir, out, "--trainer", "hf", "--steps", "30", "--format", "json"), env=_env(),
+                          capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads(proc.stdout)  # --format json: the summary alone on stdout
+    losses = [h["loss"] for h in summary["log_history"] if "loss" in h]
+    assert len(losses) == 30 and _falls(losses), losses
+    assert json.loads((out / "ds_config.hf.json").read_text())["train_batch_size"] == "auto"
+    model = AutoModelForCausalLM.from_pretrained(out / "model")
+    evals = torch.load(out / "prepared" / "eval.pt")
+    with torch.no_grad():
+        loss = float(model(input_ids=evals, labels=evals).loss)
+    assert abs(loss - summary["eval_loss"]) < 1e-5, (loss, summary["eval_loss"])

@@ -18,13 +18,16 @@ DESCRIPTION = (
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--plan", required=True, metavar="RUN_DIR",
-                        help="run directory from `dstk generate` (plan.json + ds_config.json)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--plan", metavar="RUN_DIR",
+                       help="run directory from `dstk generate` (plan.json + ds_config.json)")
+    where.add_argument("--intent", metavar="INTENT.yaml",
+                       help="plan this intent first (as `dstk generate` does) into OUTPUT/plan")
     parser.add_argument("--model", metavar="PRESET|HF_DIR",
                         help="tiny-llama, small-llama, or a local HF checkpoint directory "
                              "(default: the plan's model config, random weights)")
-    parser.add_argument("--data", nargs="+", required=True, metavar="FILE",
-                        help="local json/jsonl/csv/parquet/txt files")
+    parser.add_argument("--data", nargs="+", default=(), metavar="FILE",
+                        help="local json/jsonl/csv/parquet/txt files (not needed with --resume)")
     parser.add_argument("--output", "-o", required=True, metavar="DIR", help="new directory for the run's files")
     length = parser.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, help="optimizer steps (default: the plan's train_steps)")
@@ -55,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     from dstk.train.prepare import FinetuneRequest, launch, prepare
 
     req = FinetuneRequest(
-        run_dir=args.plan, data=tuple(args.data), output_dir=args.output, model=args.model, steps=args.steps,
+        run_dir=args.plan, intent=args.intent, data=tuple(args.data), output_dir=args.output, model=args.model, steps=args.steps,
         epochs=args.epochs, eval_split=args.eval_split, text_field=args.text_field, prompt_field=args.prompt_field,
         response_field=args.response_field, seed=args.seed, save_every=args.save_every, eval_every=args.eval_every,
         log_every=args.log_every, ranks=args.ranks, resume=args.resume, trainer=args.trainer,
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.prepare_only:
         print(spec_path)
         return 0
-    rc = launch(args.plan, spec_path, master_port=args.master_port)
+    rc = launch(spec_path, master_port=args.master_port, quiet_stdout=args.format == "json")
     summary = Path(args.output) / "summary.json"
     if args.format == "json" and rc == 0 and summary.is_file():
         json.dump(json.loads(summary.read_text()), sys.stdout, indent=2)

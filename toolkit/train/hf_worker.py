@@ -31,6 +31,9 @@ def main(argv: list[str]) -> int:
 
     from dstk.train.worker import build_model
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     spec = TrainSpec.load(argv[0])
     ds_plain = json.loads(Path(spec.ds_config).read_text(encoding="utf-8"))
     opt = ds_plain.get("optimizer", {}).get("params", {})

@@ -19,8 +19,10 @@ from dstk.train.spec import TrainSpec
 class FinetuneRequest:
     """The command line of ``dstk finetune``, as data."""
 
-    run_dir: str
-    """A run directory written by ``dstk generate`` (plan.json, ds_config.json)."""
+    run_dir: str | None
+    """A run directory written by ``dstk generate`` (plan.json, ds_config.json); None with ``intent``."""
+    intent: str | None = None
+    """An intent YAML: planned as ``dstk generate`` does, into OUTPUT/plan, when ``run_dir`` is None."""
     data: tuple[str, ...]
     output_dir: str
     model: str | None = None
@@ -113,7 +115,7 @@ def prepare(req: FinetuneRequest, *, log=lambda s: print(s, file=sys.stderr)) ->
         if not spec_path.is_file():
             raise UsageError(f"--resume: {spec_path} not found", hint="resume in the --output of an earlier run")
         spec = TrainSpec.load(spec_path)
-        _check_plan(dataclasses.replace(req, run_dir=req.run_dir))
+        _check_plan(dataclasses.replace(req, run_dir=spec.run_dir))
         if req.steps is not None and req.steps != spec.num_steps:
             raise DstkError(f"--steps {req.steps} differs from the run being resumed ({spec.num_steps})",
                             hint="drop --steps to resume as planned, or start a new --output")
@@ -124,7 +126,50 @@ def prepare(req: FinetuneRequest, *, log=lambda s: print(s, file=sys.stderr)) ->
     if out.exists() and any(out.iterdir()):
         raise UsageError(f"--output {out} exists and is not empty",
                          hint="pass --resume to continue that run, or choose a new --output")
+    existed = out.exists()
+    try:
+        if req.run_dir is None:
+            req = dataclasses.replace(req, run_dir=str(_plan_into(req.intent, out / "plan", log=log)))
+        return _prepare_new(req, out, log=log)
+    except BaseException:
+        # The directory was new or empty: leave it so, not half-prepared.
+        import shutil
 
+        if existed:
+            for child in out.iterdir():
+                shutil.rmtree(child) if child.is_dir() else child.unlink()
+        else:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _plan_into(intent_path: str | None, run_dir: Path, *, log) -> Path:
+    """The best plan for the intent, written as a run directory (the same code as `dstk generate`)."""
+    from dstk import plan as planner
+    from dstk.intent import load_intent
+    from dstk.render import write_files
+
+    if not intent_path:
+        raise UsageError("no plan", hint="pass --plan RUN_DIR (from `dstk generate`) or --intent INTENT.yaml")
+    intent = load_intent(intent_path)
+    ctx = planner.resolve(intent)
+    result = planner.plan_intent(ctx, top=None)
+    if not result.plans:
+        fixes = planner.suggest_fixes(intent)
+        raise DstkError(planner.nothing_fits_message(ctx, result),
+                        hint="; ".join(fixes) if fixes else "no change dstk tried makes it fit")
+    files = planner.run_dir_files(ctx, result, index=0)
+    write_files(run_dir, files, force=False)
+    planner.check_written(run_dir, files)
+    log(f"planned {intent_path} -> {run_dir}/ (the best plan; `dstk explain {run_dir}` says why)")
+    return run_dir
+
+
+def _prepare_new(req: FinetuneRequest, out: Path, *, log) -> Path:
+    from dstk.train import data as D
+    from dstk.train import model as M
+
+    spec_path = out / "finetune.json"
     plan, config = _check_plan(req)
     layout = plan["layout"]
     tp, pp = int(layout.get("tp", 1)), int(layout.get("pp", 1))
@@ -210,21 +255,24 @@ def prepare(req: FinetuneRequest, *, log=lambda s: print(s, file=sys.stderr)) ->
         eval_blocks=str((prepared / "eval.pt").resolve()) if eval_idx else None,
         num_steps=int(steps), seed=req.seed, tp=tp, pp=pp, world_size=dp * tp * pp,
         precision=precision_of(config), save_every=req.save_every, eval_every=req.eval_every,
-        log_every=req.log_every, resume=False, trainer=req.trainer,
+        log_every=req.log_every, resume=False, trainer=req.trainer, run_dir=str(Path(req.run_dir).resolve()),
         hf_ds_config=str(hf_config_path.resolve()) if hf_config_path else None,
     )
     spec.dump(spec_path)
     return spec_path
 
 
-def launch(run_dir: str, spec_path: Path, *, master_port: int | None = None) -> int:
+def launch(spec_path: Path, *, master_port: int | None = None, quiet_stdout: bool = False) -> int:
     """Start the ranks on the deepspeed runner through dstk.launch (rank-prefixed output, a non-zero
-    exit when any rank fails)."""
+    exit when any rank fails). ``quiet_stdout``: the ranks' output goes to stderr (``--format json``
+    keeps stdout for the summary)."""
     from dstk.launch import run_launch, spec_from_run_dir
 
-    trainer = TrainSpec.load(spec_path).trainer
-    script = "dstk.train.hf_worker" if trainer == "hf" else "dstk.train.worker"
-    spec = spec_from_run_dir(run_dir, script=script, module=True, script_args=[str(spec_path)],
+    train_spec = TrainSpec.load(spec_path)
+    script = "dstk.train.hf_worker" if train_spec.trainer == "hf" else "dstk.train.worker"
+    spec = spec_from_run_dir(train_spec.run_dir, script=script, module=True, script_args=[str(spec_path)],
                              config_arg=None, master_port=master_port,
                              env={"TOKENIZERS_PARALLELISM": "false"})
+    if quiet_stdout:
+        return run_launch(spec, sink=lambda _stream, line: (sys.stderr.write(line), sys.stderr.flush()))
     return run_launch(spec)

@@ -37,6 +37,8 @@ class TrainSpec:
     resume: bool = False
     trainer: str = "native"
     """``native`` (the DeepSpeed engine loop, ``dstk.train.worker``) or ``hf`` (transformers' Trainer)."""
+    run_dir: str | None = None
+    """The run directory (plan.json, ds_config.json) the ranks are launched from."""
     hf_ds_config: str | None = None
     """For ``trainer == "hf"``: the run directory's ``ds_config.hf.json`` plus the csv monitor."""
 

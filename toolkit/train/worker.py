@@ -158,6 +158,9 @@ def main(argv: list[str]) -> int:
     import deepspeed
     import deepspeed.comm as dist
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # save_pretrained's shard bar: noise in rank-prefixed logs
     spec = TrainSpec.load(argv[0])
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
