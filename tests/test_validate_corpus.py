@@ -9,12 +9,14 @@ traps it lets through.
 
 from __future__ import annotations
 
+import copy
 import json
 import pathlib
+import random
 
 import pytest
 
-from dstk.validate import read_document, validate_document
+from dstk.validate import read_document, validate_config, validate_document
 from dstk.validate.deepspeed_check import parse_many
 
 ROOT = pathlib.Path(__file__).parent / "data" / "validate"
@@ -75,7 +77,48 @@ def deepspeed_verdicts():
         config = str(path) if entry["code"] == "DS007" else read_document(path).config
         jobs.append({"config": config, "dp": _dp(entry), "fill": False})
         keys.append(("invalid", name))
+    for i, config in enumerate(MUTANTS):
+        jobs.append({"config": config, "dp": 1, "fill": False})
+        keys.append(("mutant", i))
     return dict(zip(keys, parse_many(jobs)))
+
+
+def _mutants(count: int, seed: int = 0) -> list[dict]:
+    """Seeded random mutations of the plain valid configs: a value replaced by one of the wrong kind, a key
+    renamed or dropped, a number negated."""
+    rng = random.Random(seed)
+    values = [-1, 0, 0.5, 3, 1e9, "x", "true", True, False, None, [], {}, "cpu", "nvme", 2.5]
+    bases = [read_document(ROOT / "valid" / n).config for n, e in sorted(VALID.items()) if not e.get("hf")]
+
+    def paths(node, prefix=()):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                yield prefix + (key,)
+                yield from paths(value, prefix + (key,))
+
+    out = []
+    for _ in range(count):
+        config = copy.deepcopy(rng.choice(bases))
+        path = rng.choice(list(paths(config)))
+        parent = config
+        for key in path[:-1]:
+            parent = parent[key]
+        op, key = rng.random(), path[-1]
+        if op < 0.4:
+            parent[key] = rng.choice(values)
+        elif op < 0.6:
+            parent[key[:-1] + "x"] = parent.pop(key)
+        elif op < 0.8:
+            parent.pop(key)
+        elif isinstance(parent[key], (int, float)) and not isinstance(parent[key], bool):
+            parent[key] = -parent[key] - 1
+        else:
+            parent[key] = rng.choice(values)
+        out.append(config)
+    return out
+
+
+MUTANTS = _mutants(150)
 
 
 def test_deepspeed_accepts_every_valid_config(deepspeed_verdicts):
@@ -87,3 +130,11 @@ def test_deepspeed_verdict_on_invalid_cases_is_as_recorded(deepspeed_verdicts):
     wrong = {n: (INVALID[n]["deepspeed"], v.error) for (kind, n), v in deepspeed_verdicts.items()
              if kind == "invalid" and v.accepted != (INVALID[n]["deepspeed"] == "accepts")}
     assert wrong == {}
+
+
+def test_whatever_deepspeed_rejects_dstk_rejects_too(deepspeed_verdicts):
+    rejected = [i for (kind, i), v in deepspeed_verdicts.items() if kind == "mutant" and not v.accepted]
+    assert len(rejected) >= 30  # the mutations do hit DeepSpeed's own checks
+    missed = [(deepspeed_verdicts[("mutant", i)].error, MUTANTS[i]) for i in rejected
+              if not any(f.severity == "error" for f in validate_config(MUTANTS[i], world_size=1))]
+    assert missed == []
