@@ -256,9 +256,13 @@ def main(argv: list[str]) -> int:
     probe = source[[j % len(source) for j in range(micro)]].to(device)
     probe_out = {"input_ids": probe.cpu(), "loss": evaluate(engine, probe, micro_batch=micro)}
     if spec.pp == 1:
+        # Logits on a short prefix of one row (causal: the same as in the full row); a full
+        # micro-batch of a 128k vocabulary would be gigabytes.
+        head = probe[:1, :64]
         engine.eval()
         with torch.no_grad():
-            probe_out["logits"] = engine(input_ids=probe).logits.float().cpu()
+            probe_out["logits"] = engine(input_ids=head).logits.float().cpu()
+        probe_out["logits_input_ids"] = head.cpu()
     if spec.pp > 1:
         out = export_pipeline(spec, rank=rank, step=spec.num_steps)
     else:
@@ -270,7 +274,9 @@ def main(argv: list[str]) -> int:
         summary = {"steps": spec.num_steps, "start_step": start, "first_loss": first, "last_loss": last,
                    "eval_loss": ev, "eval_perplexity": None if ev is None else math.exp(min(ev, 50)),
                    "tokens": tokens_per_step * (spec.num_steps - start), "seconds": elapsed,
-                   "export_dir": out, "checkpoint": last_ckpt}
+                   "export_dir": out, "checkpoint": last_ckpt,
+                   # On a GPU: the allocator's peak on rank 0 (what dstk estimate predicts per GPU).
+                   "peak_memory_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None}
         from dstk.launch.run import write_atomic
 
         write_atomic(Path(spec.output_dir) / "summary.json", json.dumps(summary, indent=2) + "\n")
