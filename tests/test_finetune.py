@@ -174,3 +174,12 @@ def test_intent_is_planned_into_the_output_and_resume_needs_only_the_output(tmp_
     assert TrainSpec.load(out / "finetune.json").resume is True
     assert main(["finetune", "--output", str(out), "--resume", "--steps", "9", "--prepare-only"]) == 1
     assert "differs" in capsys.readouterr().err
+
+
+def test_bundled_corpus_is_shipped_small_and_one_paragraph_a_line():
+    from dstk.train.data import bundled_corpus
+
+    path = bundled_corpus()
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert path.samefile(CORPUS) and 50 <= len(lines) and path.stat().st_size < 300_000
+    assert all(line.strip() for line in lines)

@@ -150,3 +150,11 @@ def tokenize_dataset(ds, *, tokenizer, seq_len: int, text_field: str = "text", p
         raise DstkError(f"the data has {total} tokens, fewer than one sequence of {seq_len}",
                         hint="give more data, or plan a shorter --seq-len")
     return blocks
+
+
+def bundled_corpus() -> Path:
+    """The small original corpus shipped with dstk (``templates/corpus/harbour-notes.txt``), for
+    the demo: works from a checkout and from an installed wheel."""
+    from importlib.resources import files
+
+    return Path(str(files("dstk.templates") / "corpus" / "harbour-notes.txt"))
