@@ -183,3 +183,18 @@ def test_bundled_corpus_is_shipped_small_and_one_paragraph_a_line():
     lines = path.read_text(encoding="utf-8").splitlines()
     assert path.samefile(CORPUS) and 50 <= len(lines) and path.stat().st_size < 300_000
     assert all(line.strip() for line in lines)
+
+
+def test_prompt_response_uses_the_chat_template_when_the_tokenizer_has_one(tmp_path):
+    from dstk.train.data import render
+    from dstk.train.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(["hello there, how are you today"] * 20, vocab_size=300, output_dir=tmp_path / "tok")
+    record = {"q": "Where is the pier?", "a": "Past the slipway."}
+    assert render(record, tokenizer=tok, text_field="text", prompt_field="q", response_field="a") == \
+        "Where is the pier?\n\nPast the slipway."
+    tok.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}")
+    assert render(record, tokenizer=tok, text_field="text", prompt_field="q", response_field="a") == \
+        "<|user|>Where is the pier?\n<|assistant|>Past the slipway.\n"
+    ids = tok("Where is the pier?")["input_ids"]
+    assert tok.decode(ids) == "Where is the pier?" and max(ids) < 300
