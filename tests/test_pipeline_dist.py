@@ -150,3 +150,37 @@ def test_export_command_writes_what_the_library_writes(pp2, family, tmp_path, ca
     assert sorted(ours) == sorted(library) and all((ours[k] == library[k]).all() for k in ours)
     if family == "gpt_neox":  # transformers' own checkpoint names, as the hub has them
         assert "embed_out.weight" in ours
+
+
+MEMORY_CASES = [("llama", 0, "bf16"), ("llama", 1, "bf16"), ("gpt2", 1, "fp32")]  # (family, ZeRO stage, precision)
+
+
+@pytest.mark.timeout(200)
+def test_pp2_rank_holds_only_its_stage():
+    """After ``to_pipeline(model)`` and ``del model``, each rank of a 2-stage run keeps alive only
+    its stage's parameters and what DeepSpeed builds on them (tests/pipeline_memory_ranks.py):
+    no ``nn.Parameter`` outside the engine's module, no storage the engine does not reach
+    (a few bytes: the batch and one micro-batch's activations), and the module holds exactly
+    the stage's parameter count."""
+    from test_estimate_deepspeed import GPT2, LLAMA
+
+    from dstk.estimate import rank_params
+    from dstk.layout import Layout
+    from dstk.models import family_module
+
+    configs = {"llama": LLAMA, "gpt2": GPT2}
+    cases = [{"config": configs[f], "stage": z, "precision": prec} for f, z, prec in MEMORY_CASES]
+    ranks = run_ranks(Path(__file__).with_name("pipeline_memory_ranks.py"), json.dumps(cases), timeout=180)
+    checked = 0
+    for r in ranks:
+        line = next(x for x in r.output.splitlines() if x.startswith("RESULT "))
+        for (family, z, prec), got in zip(MEMORY_CASES, json.loads(line.split(" ", 2)[2])):
+            spec = family_module(family).read(configs[family], name="t")
+            where = f"{family} ZeRO-{z} {prec} stage {got['stage_id']}"
+            assert got["stage_params"] == rank_params(spec, Layout(pp=2, zero_stage=z), stage=got["stage_id"]), where
+            for point in ("init", "step"):
+                assert got[f"{point}_foreign"] == 0, f"{where} {point}: parameters outside the engine are alive"
+                stray = sum(got[f"{point}_unreached"])
+                assert stray <= 0.01 * got[point], f"{where} {point}: {got[f'{point}_unreached']} not the engine's"
+            checked += 1
+    assert checked == 2 * len(MEMORY_CASES)

@@ -35,13 +35,23 @@ def is_tied(model: Any) -> bool:
 
 
 class _LiveSource:
-    """Modules taken from a model already in memory."""
+    """Modules taken from a model already in memory.
+
+    Every ``LayerSpec`` holds its source as an argument and ``PipelineModule`` keeps its specs
+    (``_layer_specs``) for the life of the engine, so a source that still pointed at the model
+    would keep every other stage's parameters alive on this rank: ``release`` drops the model
+    once this rank's layers are built.
+    """
 
     def __init__(self, model: Any):
         self._model = model
 
     def module(self, path: str):
+        assert self._model is not None, "source released: the pipeline's layers are already built"
         return self._model.get_submodule(path)
+
+    def release(self) -> None:
+        self._model = None
 
 
 class _CheckpointSource:
@@ -113,6 +123,10 @@ class _CheckpointSource:
                         tensor.copy_(f.get_tensor(saved))
                         self.tensors_read.append(saved)
         return module
+
+    def release(self) -> None:
+        """Drop the meta model (see ``_LiveSource.release``)."""
+        self._model = None
 
 
 def _param_counts(model: Any, adapter: PipelineAdapter, num_layers: int, tied: bool) -> list[int]:
@@ -200,6 +214,8 @@ def _build(model: Any, source: Any, *, num_stages: int, partition: str, activati
         checkpointable_layers=["DecoderPipe"],
         dynamic_shape=dynamic_shape,
     )
+    # The specs stay in pipe._layer_specs; only this rank's modules may stay reachable from them.
+    source.release()
     pipe.dstk_stages = stages
     if pipe.global_rank == 0:
         log.info("%s in %d stages (partition=%s):\n%s", type(model).__name__, num_stages, partition,
@@ -215,8 +231,10 @@ def to_pipeline(model: Any, *, num_stages: int, partition: str = "balanced", act
 
     Needs ``deepspeed.init_distributed()`` first (world size a multiple of ``num_stages``).
     Batches are ``(inputs, labels)`` with inputs ``input_ids`` or ``(input_ids, attention_mask)``;
-    the loss is HF's ``model(..., labels=labels).loss``. The pipeline shares the model's
-    parameters (no copy). ``pipe.dstk_stages`` reports per-stage parameters and estimated load.
+    the loss is HF's ``model(..., labels=labels).loss``. The pipeline shares this rank's stage
+    modules with ``model`` (no copy: DeepSpeed then trains them in place) and keeps no reference
+    to the rest of it, so ``del model`` after wrapping leaves only this stage alive on the rank.
+    ``pipe.dstk_stages`` reports per-stage parameters and estimated load.
     Set ``dynamic_shape`` when micro-batches differ in shape.
     """
     return _build(model, _LiveSource(model), num_stages=num_stages, partition=partition,
