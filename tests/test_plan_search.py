@@ -137,3 +137,14 @@ def test_enumeration_scales(world):
     s = search(world_size=world, num_layers=80, num_heads=64, num_kv_heads=8, global_batch=1024)
     layouts = all_layouts(s)
     assert layouts and all(l.world_size == world for l in layouts)
+
+
+def test_headroom_does_not_reserve_the_fixed_overhead_twice():
+    """Every estimate's total holds the GPU's overhead_bytes (CUDA context, NCCL); the headroom is for
+    fragmentation of what the allocator holds, so it is a fraction of the memory beyond the overhead."""
+    gib = 2**30
+    s = search(capacity_bytes=80 * gib, overhead_bytes=gib, constraints=Constraints(memory_headroom=0.1))
+    assert s.usable_bytes == int(gib + 79 * gib * 0.9)
+    assert search(capacity_bytes=80 * gib, overhead_bytes=gib,
+                  constraints=Constraints(memory_headroom=0.0)).usable_bytes == 80 * gib
+    assert search(capacity_bytes=80 * gib).usable_bytes == int(80 * gib * 0.9)  # no overhead: as before

@@ -237,7 +237,7 @@ class Constraints:
     tp_across_nodes: bool = False
     """Allow a TP group to span nodes (slow: TP all-reduces every layer)."""
     memory_headroom: float = 0.1
-    """Fraction of each GPU's memory kept free for fragmentation and the CUDA context."""
+    """Fraction of each GPU's memory, beyond the fixed CUDA context/NCCL overhead, kept free for fragmentation."""
     dp: int | None = None
     """Pin the data-parallel degree."""
     tp: int | None = None

@@ -8,7 +8,8 @@
    ``PipelineEngine`` asserts it); optimizer/parameter offload (ZeRO >= 1 / ZeRO-3, pp = 1);
    recompute; interleaved stages (Megatron only). With a pipeline, at least 4 x pp micro-batches
    per step unless the batch is too small for that (then the most micro-batches possible).
-2. **Drop** what does not fit: predicted per-GPU bytes > GPU memory x (1 - headroom). Memory
+2. **Drop** what does not fit: predicted per-GPU bytes > overhead + (GPU memory - overhead) x
+   (1 - headroom), the overhead being the estimate's fixed CUDA context and NCCL term. Memory
    grows with the micro-batch, so the micro-batch loop stops at the first one that does not fit.
 3. **Rank** by predicted step time, then apply the playbook as tie-breaker: the simplest layout
    within 3% of the fastest wins (plain DP before ZeRO, ZeRO before TP, TP before PP), since the
@@ -49,11 +50,20 @@ class Search:
     """Sequences per optimizer step."""
     capacity_bytes: int
     """Memory of one GPU."""
+    overhead_bytes: int = 0
+    """The fixed per-GPU overhead (CUDA context, NCCL) that every estimate's total already holds."""
     constraints: Constraints = dataclasses.field(default_factory=Constraints)
 
     @property
     def usable_bytes(self) -> int:
-        return int(self.capacity_bytes * (1.0 - self.constraints.memory_headroom))
+        """``overhead + (capacity - overhead) x (1 - headroom)``.
+
+        The headroom is a margin for allocator fragmentation and estimate error, so it is a fraction
+        of what PyTorch's allocator can hand out. The fixed overhead is already one term of every
+        estimate's total; taking the headroom of it as well would reserve the CUDA context twice.
+        """
+        free = self.capacity_bytes - self.overhead_bytes
+        return int(self.overhead_bytes + free * (1.0 - self.constraints.memory_headroom))
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
@@ -524,7 +534,7 @@ def resolve(intent) -> Context:
     search = Search(
         world_size=cl.world_size, gpus_per_node=cl.gpus_per_node, num_layers=spec.num_layers,
         num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, global_batch=training.global_batch,
-        capacity_bytes=gpu.memory_bytes, constraints=intent.constraints,
+        capacity_bytes=gpu.memory_bytes, overhead_bytes=gpu.overhead_bytes, constraints=intent.constraints,
     )
     return Context(intent=intent, model=spec, cluster=cluster, training=training, search=search,
                    capacity_bytes=gpu.memory_bytes)
