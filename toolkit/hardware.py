@@ -48,6 +48,14 @@ class GPU:
     overhead_bytes: int = 2**30
     """Memory the framework takes before any tensor: CUDA context, cuBLAS/NCCL workspaces,
     allocator fragmentation (~0.5-1.5 GiB seen on A100/H100; an input, override it)."""
+    hbm_bytes_per_s: float | None = None
+    """Device memory bandwidth, bytes/s: what memory-bound operators (norms, elementwise, softmax,
+    the optimizer step) run at. None: unknown (the time model then falls back to compute only)."""
+    gemm_efficiency: tuple[tuple[float, float], ...] | None = None
+    """Share of the dense peak a matrix multiply reaches, as ``(dim, fraction)`` points sorted by
+    ``dim``, the smallest of the GEMM's three dimensions (m, n, k); read log-linearly between
+    points and clamped outside them (``gemm_fraction``). None: ``achievable_fraction`` for every
+    GEMM."""
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:
@@ -55,9 +63,35 @@ class GPU:
         for name in ("fp16_flops", "fp32_flops", "intra_node_bytes_per_s", "host_bytes_per_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: expected a positive number, got {getattr(self, name)!r}")
+        if self.gemm_efficiency is not None:
+            points = tuple((float(d), float(f)) for d, f in self.gemm_efficiency)
+            if not points or any(d <= 0 or not 0 < f <= 1 for d, f in points) \
+                    or any(a[0] >= b[0] for a, b in zip(points, points[1:])):
+                raise ValueError("gemm_efficiency: expected [dim, fraction] points with dim > 0 increasing "
+                                 f"and fraction in (0, 1], got {self.gemm_efficiency!r}")
+            object.__setattr__(self, "gemm_efficiency", points)
+        if self.hbm_bytes_per_s is not None and not self.hbm_bytes_per_s > 0:
+            raise ValueError(f"hbm_bytes_per_s: expected a positive number, got {self.hbm_bytes_per_s!r}")
         for name in ("achievable_fraction", "intra_node_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name}: expected a fraction in (0, 1], got {getattr(self, name)!r}")
+
+    def gemm_fraction(self, dim: float) -> float:
+        """Share of peak for a GEMM whose smallest dimension is ``dim`` (``gemm_efficiency``)."""
+        points = self.gemm_efficiency
+        if not points:
+            return self.achievable_fraction
+        if dim <= points[0][0]:
+            return points[0][1]
+        if dim >= points[-1][0]:
+            return points[-1][1]
+        import math
+
+        for (d0, f0), (d1, f1) in zip(points, points[1:]):
+            if d0 <= dim <= d1:
+                t = (math.log(dim) - math.log(d0)) / (math.log(d1) - math.log(d0))
+                return f0 + t * (f1 - f0)
+        return points[-1][1]
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak FLOP/s for ``precision``; bf16 falls back to fp16 where bf16 is missing
@@ -183,7 +217,8 @@ def default_interconnect(gpu_slug: str) -> str:
 
 _GPU_UNITS = {"memory_gib": ("memory_bytes", GiB), "overhead_gib": ("overhead_bytes", GiB), "bf16_tflops": ("bf16_flops", TFLOP),
               "fp16_tflops": ("fp16_flops", TFLOP), "fp32_tflops": ("fp32_flops", TFLOP),
-              "intra_node_gbps": ("intra_node_bytes_per_s", GB), "host_gbps": ("host_bytes_per_s", GB)}
+              "intra_node_gbps": ("intra_node_bytes_per_s", GB), "host_gbps": ("host_bytes_per_s", GB),
+              "hbm_gbps": ("hbm_bytes_per_s", GB)}
 _NET_UNITS = {"node_gbps": ("node_bytes_per_s", GB)}
 
 

@@ -106,14 +106,28 @@ def model_states(*, params: float, persistent: float, precision: str, optimizer:
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
 class ZeroBuffers:
-    """DeepSpeed's communication buffer settings, in elements (defaults of DeepSpeed 0.19.8,
-    ``deepspeed/runtime/zero/config.py``)."""
+    """DeepSpeed's ZeRO buffer and communication settings, in elements, with DeepSpeed 0.19.8's
+    defaults (``deepspeed/runtime/zero/config.py``). This is the one object that carries what a
+    ``zero_optimization`` block sets: ``dstk estimate --config`` reads it from a file, the renderer
+    writes it into generated configs, and the estimator prices it, so the three agree."""
 
     reduce_bucket_size: float = 5e8
     allgather_bucket_size: float = 5e8
+    overlap_comm: bool | None = None
+    """None: DeepSpeed's dynamic default, True for ZeRO-3 and False otherwise (``overlap_comm_valid``)."""
+    contiguous_gradients: bool = True
     prefetch_bucket_size: float = 5e7
+    """``stage3_prefetch_bucket_size``."""
     param_persistence_threshold: float = 1e5
+    """``stage3_param_persistence_threshold``."""
     max_live_parameters: float = 1e9
+    """``stage3_max_live_parameters``."""
+    max_reuse_distance: float = 1e9
+    """``stage3_max_reuse_distance``."""
+
+    def overlaps(self, zero_stage: int) -> bool:
+        """Whether ``overlap_comm`` is in effect for ``zero_stage``, DeepSpeed's default resolved."""
+        return (zero_stage == 3) if self.overlap_comm is None else bool(self.overlap_comm)
 
 
 def reduce_bucket_bytes(*, zero_stage: int, precision: str, params: float, buffers: ZeroBuffers) -> float:
