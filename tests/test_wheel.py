@@ -71,3 +71,38 @@ def test_wheel_runs_outside_the_checkout(wheel, tmp_path):
     result = subprocess.run([sys.executable, str(script), "--help"], cwd=cwd, env=env, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "COMMAND" in result.stdout
+
+
+@pytest.mark.slow
+def test_core_install_runs_the_fast_commands_without_the_training_stack(wheel, tmp_path):
+    """``pip install dstk`` (no extra) in a fresh virtualenv: validate, plan, generate and estimate
+    work with no torch, DeepSpeed or transformers installed; finetune says in one line what to add."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+    py = venv / "bin" / "python"
+    install = subprocess.run([str(py), "-m", "pip", "install", "-q", str(wheel)], capture_output=True, text=True,
+                             timeout=900)
+    assert install.returncode == 0, install.stderr[-3000:]
+    for heavy in ("torch", "deepspeed", "transformers", "datasets", "accelerate"):
+        probe = subprocess.run([str(py), "-c", f"import {heavy}"], capture_output=True, text=True, timeout=120)
+        assert probe.returncode != 0, f"the core install pulled in {heavy}"
+    dstk = [str(venv / "bin" / "dstk")]
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    intent = ROOT / "examples" / "intents" / "tiny-llama-cpu.yaml"
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(dstk + list(argv), cwd=cwd, capture_output=True, text=True, timeout=300)
+
+    plan = run("plan", str(intent))
+    assert plan.returncode == 0, plan.stderr
+    gen = run("generate", str(intent), "--output", str(tmp_path / "run"))
+    assert gen.returncode == 0, gen.stderr
+    val = run("validate", str(tmp_path / "run" / "ds_config.json"), "--world-size", "2")
+    assert val.returncode == 0, val.stdout + val.stderr
+    est = run("estimate", "--intent", str(intent), "--format", "json")
+    assert est.returncode == 0, est.stderr
+    ft = run("finetune", "--plan", str(tmp_path / "run"), "--data", str(intent), "--output", str(tmp_path / "ft"))
+    assert ft.returncode == 1, ft.stdout + ft.stderr
+    assert "dstk[train]" in ft.stderr and "Traceback" not in ft.stderr, ft.stderr
+    assert not (tmp_path / "ft").exists()

@@ -34,3 +34,19 @@ class UsageError(DstkError):
     """Bad command line or unreadable path (exit 2)."""
 
     exit_code = EXIT_USAGE
+
+
+TRAIN_STACK = ("torch", "deepspeed", "transformers", "datasets", "accelerate", "safetensors")
+"""What ``pip install 'dstk[train]'`` brings; the fast commands need none of it."""
+
+
+def require_train_stack(command: str, *, modules: tuple[str, ...] = TRAIN_STACK) -> None:
+    """Fail in one line, before any work, when ``command`` needs the training stack and it is not
+    installed (the core install carries only what validate, plan, generate and estimate need)."""
+    import importlib.util
+
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        raise DstkError(f"dstk {command} needs the training stack, and {', '.join(missing)} "
+                        f"{'is' if len(missing) == 1 else 'are'} not installed",
+                        hint="pip install 'dstk[train]' (install torch first, pinned to the build you want)")

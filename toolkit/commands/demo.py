@@ -48,6 +48,9 @@ def _prepare_output(out: Path) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dstk.cli import main as dstk
+    from dstk.errors import require_train_stack
+
+    require_train_stack("demo")
     from dstk.resources import template
 
     if args.steps < 1:

@@ -28,6 +28,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dstk.errors import require_train_stack
+
+    require_train_stack("export", modules=("torch", "transformers", "safetensors"))
     from dstk.pipeline.export import export_hf
 
     # DeepSpeed's logger (imported by transformers) writes to stdout; keep stdout for the report.

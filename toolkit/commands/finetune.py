@@ -55,6 +55,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dstk.errors import require_train_stack
+
+    require_train_stack("finetune")
     from dstk.train.prepare import FinetuneRequest, launch, prepare
 
     req = FinetuneRequest(

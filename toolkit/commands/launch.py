@@ -133,4 +133,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         _print_plan(plan, args.format, note="dry run: nothing written or started")
         return 0
+    from dstk.errors import require_train_stack
+
+    # The deepspeed runner and every rank import torch and deepspeed.
+    require_train_stack("launch", modules=("torch", "deepspeed"))
     return run_launch(spec)
