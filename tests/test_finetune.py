@@ -78,10 +78,18 @@ def test_effective_config_adds_the_monitor_and_says_what_it_changed(tmp_path):
     assert out["csv_monitor"] == {"enabled": True, "output_path": str(tmp_path), "job_name": "finetune"}
     assert out["scheduler"]["params"]["total_num_steps"] == 40 and base["scheduler"]["params"]["total_num_steps"] == 20
     assert len(notes) == 1 and "20 -> 40" in notes[0]
-    from dstk.errors import DstkError
 
-    with pytest.raises(DstkError, match="warms up"):
-        effective_config(base, num_steps=2, metrics_dir=str(tmp_path))
+
+def test_a_warm_up_longer_than_the_run_is_clipped_and_said():
+    """A generated plan warms up for 100 steps; `--steps 40` must not fail, nor leave the lr below
+    its peak for the whole run: the warm-up becomes a tenth of the run, with a note."""
+    base = {"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 1000, "warmup_num_steps": 100}}}
+    out, notes = effective_config(base, num_steps=40, metrics_dir="m")
+    assert out["scheduler"]["params"]["warmup_num_steps"] == 4
+    assert base["scheduler"]["params"]["warmup_num_steps"] == 100
+    assert any("warmup_num_steps 100 -> 4" in n for n in notes), notes
+    out, notes = effective_config(base, num_steps=1000, metrics_dir="m")
+    assert out["scheduler"]["params"]["warmup_num_steps"] == 100 and not any("warmup" in n for n in notes)
 
 
 @pytest.fixture(scope="module")
@@ -198,3 +206,28 @@ def test_prompt_response_uses_the_chat_template_when_the_tokenizer_has_one(tmp_p
         "<|user|>Where is the pier?\n<|assistant|>Past the slipway.\n"
     ids = tok("Where is the pier?")["input_ids"]
     assert tok.decode(ids) == "Where is the pier?" and max(ids) < 300
+
+
+def test_plan_flags_on_finetune_plan_into_the_output(tmp_path, capsys):
+    """`dstk finetune --model tiny-llama --data D --gpus 2 --zero 2 --output O` plans as `generate`
+    would (CPU ranks here), with fine-tune-sized defaults said on stderr, and the plan's warm-up
+    clipped to the run."""
+    out = tmp_path / "out"
+    assert main(["finetune", "--model", "tiny-llama", "--data", str(CORPUS), "--gpus", "2", "--zero", "2",
+                 "--output", str(out), "--steps", "40", "--prepare-only"]) == 0
+    err = capsys.readouterr().err
+    assert "CPU ranks" in err and "--seq-len 128 --global-batch 8" in err, err
+    plan = json.loads((out / "plan" / "plan.json").read_text())
+    assert plan["layout"]["dp"] == 2 and plan["layout"]["zero_stage"] == 2, plan["layout"]
+    assert plan["cluster"]["gpu"] == "cpu" and plan["training"]["seq_len"] == 128
+    assert plan["model"]["num_layers"] == 2 and plan["model"]["hidden_size"] == 64
+    ds = json.loads((out / "ds_config.json").read_text())
+    assert ds["scheduler"]["params"]["total_num_steps"] == 40
+    assert ds["scheduler"]["params"]["warmup_num_steps"] < 40
+
+
+def test_plan_flags_with_a_fixed_plan_are_refused(run_dir, tmp_path, capsys):
+    assert _finetune(run_dir, tmp_path / "o", "--zero", "3", "--gpus", "2", "--prepare-only") == 2
+    err = capsys.readouterr().err
+    assert "--zero" in err and "--gpus" in err and "drop --plan" in err, err
+    assert not (tmp_path / "o").exists()

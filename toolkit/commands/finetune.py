@@ -52,6 +52,76 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prepare-only", action="store_true",
                         help="check and prepare everything, print the spec file, start nothing")
     parser.add_argument("--format", choices=["human", "json"], default="human")
+    from dstk.commands.plan import add_intent_arguments
+
+    # Every flag of `dstk plan`/`generate` (cluster, training goal, pinned layout): with them, or with
+    # --intent, finetune plans into OUTPUT/plan first. --model names both the weights and the plan's model.
+    add_intent_arguments(parser, positional=False, skip=("--model",))
+
+
+_DIMS = {"num_hidden_layers": "num_layers", "hidden_size": "hidden_size", "num_attention_heads": "num_heads",
+         "num_key_value_heads": "num_kv_heads", "intermediate_size": "ffn_hidden_size", "vocab_size": "vocab_size"}
+
+
+def _flag_names(args: argparse.Namespace) -> list[str]:
+    from dstk.commands.plan import _FLAGS
+
+    by_dest = {f"i_{section}__{field}": flag for flag, section, field, _ in _FLAGS}
+    by_dest.update(i_gpus="--gpus", i_constraints__offload="--no-offload",
+                   i_constraints__tp_across_nodes="--tp-across-nodes")
+    return [by_dest.get(k, k) for k, v in vars(args).items() if k.startswith("i_") and v is not None]
+
+
+def plan_intent(args: argparse.Namespace, *, log=lambda s: print(s, file=sys.stderr)):
+    """The intent finetune plans from when there is no ``--plan``: ``--intent`` with the plan flags
+    over it; ``--model`` (a preset or a local HF directory) sets the plan's model; without a GPU
+    here and no ``--gpu``, the plan is for CPU ranks. None when there is nothing to plan from."""
+    from dstk.commands.plan import intent_from_args
+    from dstk.errors import UsageError
+
+    flags = _flag_names(args)
+    if args.plan:
+        if flags:
+            raise UsageError(f"{', '.join(flags)} given with --plan: the run directory's plan is fixed",
+                             hint="drop --plan to plan with these flags, or drop the flags")
+        return None
+    if not args.intent and not flags:
+        return None
+    if args.model is not None and args.i_model__num_layers is None:
+        from dstk.train.model import PRESETS
+
+        if args.model in PRESETS:
+            for hf_key, field in _DIMS.items():
+                setattr(args, f"i_model__{field}", PRESETS[args.model][hf_key])
+        else:
+            args.i_model__name = args.model
+    if args.steps is not None and args.i_training__train_steps is None:
+        args.i_training__train_steps = args.steps
+    if args.i_cluster__gpu is None and not args.intent and args.i_cluster__hardware is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            args.i_cluster__gpu = "cpu"
+            log("planning for CPU ranks (no GPU on this machine; --gpu TYPE to plan for another)")
+    intent = intent_from_args(args, path=args.intent)
+    if args.intent:
+        return intent
+    # The intent's defaults (2,048 tokens x 512 sequences) are a pre-training step: a million tokens,
+    # minutes per step on CPU ranks. A fine-tune planned from flags alone starts from a fine-tune's.
+    from dstk.intent import with_overrides
+
+    ranks = intent.cluster.num_nodes * intent.cluster.gpus_per_node
+    cpu = intent.cluster.gpu == "cpu"
+    chosen = {}
+    if args.i_training__seq_len is None:
+        chosen["seq_len"] = 128 if cpu else 1024
+    if args.i_training__global_batch is None and args.i_training__global_batch_tokens is None:
+        chosen["global_batch"] = (4 if cpu else 8) * ranks
+    if chosen:
+        log("fine-tune defaults: " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in chosen.items())
+            + " (pass them to choose)")
+        intent = with_overrides(intent, {"training": chosen})
+    return intent
 
 
 def run(args: argparse.Namespace) -> int:
@@ -60,8 +130,9 @@ def run(args: argparse.Namespace) -> int:
     require_train_stack("finetune")
     from dstk.train.prepare import FinetuneRequest, launch, prepare
 
+    intent = args.intent if args.resume else (plan_intent(args) or args.intent)
     req = FinetuneRequest(
-        run_dir=args.plan, intent=args.intent, data=tuple(args.data), output_dir=args.output, model=args.model, steps=args.steps,
+        run_dir=args.plan, intent=intent, data=tuple(args.data), output_dir=args.output, model=args.model, steps=args.steps,
         epochs=args.epochs, eval_split=args.eval_split, text_field=args.text_field, prompt_field=args.prompt_field,
         response_field=args.response_field, seed=args.seed, save_every=args.save_every, eval_every=args.eval_every,
         log_every=args.log_every, ranks=args.ranks, resume=args.resume, trainer=args.trainer,

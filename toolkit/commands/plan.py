@@ -59,15 +59,20 @@ _FLAGS: list[tuple[str, str, str, dict]] = [
 ]
 
 
-def add_intent_arguments(parser: argparse.ArgumentParser, *, positional_help: str | None = None) -> None:
-    """The intent file and every intent field as a flag (shared by plan, generate, explain)."""
+def add_intent_arguments(parser: argparse.ArgumentParser, *, positional_help: str | None = None,
+                         positional: bool = True, skip: tuple[str, ...] = ()) -> None:
+    """The intent file and every intent field as a flag (shared by plan, generate, explain and
+    finetune, which has its own ``--intent`` and ``--model``: ``positional=False, skip=("--model",))``."""
     from dstk.intent import field_doc
 
-    parser.add_argument("intent", nargs="?", metavar="INTENT",
-                        help=positional_help or "intent YAML file (see examples/intents/); flags override it")
+    if positional:
+        parser.add_argument("intent", nargs="?", metavar="INTENT",
+                            help=positional_help or "intent YAML file (see examples/intents/); flags override it")
     groups = {name: parser.add_argument_group(f"{name} (intent section `{name}`)")
               for name in ("model", "cluster", "training", "constraints")}
     for flag, section, field, kwargs in _FLAGS:
+        if flag in skip:
+            continue
         if "metavar" not in kwargs and "choices" not in kwargs:
             kwargs = {**kwargs, "metavar": "N"}  # every other flag is a count; argparse would show the dest
         groups[section].add_argument(flag, dest=f"i_{section}__{field}", default=None,

@@ -10,6 +10,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from dstk.errors import DstkError, UsageError
 from dstk.train.spec import TrainSpec
@@ -21,8 +22,9 @@ class FinetuneRequest:
 
     run_dir: str | None
     """A run directory written by ``dstk generate`` (plan.json, ds_config.json); None with ``intent``."""
-    intent: str | None = None
-    """An intent YAML: planned as ``dstk generate`` does, into OUTPUT/plan, when ``run_dir`` is None."""
+    intent: Any = None
+    """An intent YAML path, or a ``dstk.intent.Intent`` (from finetune's plan flags): planned as
+    ``dstk generate`` does, into OUTPUT/plan, when ``run_dir`` is None."""
     data: tuple[str, ...]
     output_dir: str
     model: str | None = None
@@ -73,9 +75,13 @@ def effective_config(config: dict, *, num_steps: int, metrics_dir: str) -> tuple
                      f"(the run's step count, so the schedule ends with the run)")
         params["total_num_steps"] = num_steps
     warm = params.get("warmup_num_steps")
-    if isinstance(warm, int) and warm >= num_steps:
-        raise DstkError(f"the plan warms up for {warm} steps but the run has {num_steps}",
-                        hint="train more steps (--steps) or plan fewer --warmup-steps")
+    if isinstance(warm, int) and not isinstance(warm, bool) and warm >= num_steps:
+        # A warm-up as long as the run would leave the learning rate below its peak throughout (and
+        # WarmupDecayLR rejects it): clip it to a tenth of the run, and say so.
+        clipped = num_steps // 10
+        notes.append(f"scheduler.params.warmup_num_steps {warm} -> {clipped} (the plan warms up for {warm} "
+                     f"steps but the run has {num_steps}: a tenth of the run; plan --warmup-steps to choose)")
+        params["warmup_num_steps"] = clipped
     return out, notes
 
 
@@ -150,8 +156,11 @@ def _plan_into(intent_path: str | None, run_dir: Path, *, log) -> Path:
     from dstk.render import write_files
 
     if not intent_path:
-        raise UsageError("no plan", hint="pass --plan RUN_DIR (from `dstk generate`) or --intent INTENT.yaml")
-    intent = load_intent(intent_path)
+        raise UsageError("no plan", hint="pass --plan RUN_DIR (from `dstk generate`), --intent INTENT.yaml, "
+                         "or plan flags (--gpus 2 --zero 2 ...)")
+    intent = load_intent(intent_path) if isinstance(intent_path, (str, Path)) else intent_path
+    if not isinstance(intent_path, (str, Path)):
+        intent_path = "the plan flags"
     ctx = planner.resolve(intent)
     result = planner.plan_intent(ctx, top=None)
     if not result.plans:
