@@ -172,6 +172,16 @@ def test_layout_trains_and_exports_the_trained_weights(name, tmp_path):
     assert "exported HF model" in text and "eval loss" in text
     # AutoTP sums each sharded matmul in two halves plus an all-reduce: a different float order
     _check_export(out, atol=1e-4 if name == "autotp2" else 0.0)
+    if name == "zero3":
+        # `dstk export` of the checkpoints alone finds the model config finetune saved beside them
+        from safetensors.torch import load_file
+
+        from dstk.cli import main
+
+        assert main(["export", str(out / "checkpoints"), "--output", str(tmp_path / "exported")]) == 0
+        mine, theirs = load_file(tmp_path / "exported" / "model.safetensors"), load_file(out / "model" / "model.safetensors")
+        # the checkpoint's fp32 master, rounded to the trained model's bf16, is the trained model
+        assert mine.keys() == theirs.keys() and all(mine[k].to(theirs[k].dtype).equal(theirs[k]) for k in mine)
 
 
 @pytest.mark.timeout(300)

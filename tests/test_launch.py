@@ -326,3 +326,26 @@ def test_scheduler_gpus_are_kept(tmp_path, monkeypatch):
     run4 = write_run_dir(tmp_path / "run4", num_nodes=1, gpus_per_node=4, gpu="h100-sxm")
     with pytest.raises(DstkError, match="selects 2 device"):
         build_command(spec_from_run_dir(run4, script="t.py", master_port=1))
+
+
+def test_an_op_build_that_starts_during_a_launch_is_announced(tmp_path, monkeypatch):
+    """DeepSpeed's ranks print nothing while torch builds an op; the builder's lock file is the sign."""
+    import threading
+    import time
+
+    from dstk.launch.run import _op_builds
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    (tmp_path / "old_op").mkdir()
+    (tmp_path / "old_op" / "lock").write_text("")  # there before the launch: not this launch's build
+    done = threading.Event()
+
+    def build() -> None:
+        time.sleep(0.3)
+        (tmp_path / "py311_cpu" / "fused_adam").mkdir(parents=True)
+        (tmp_path / "py311_cpu" / "fused_adam" / "lock").write_text("")
+        time.sleep(0.5)
+        done.set()
+
+    threading.Thread(target=build).start()
+    assert list(_op_builds(done, interval=0.05)) == ["fused_adam"]

@@ -75,6 +75,21 @@ def test_generated_run_dir_launches_and_trains(tmp_path):
     assert rc == 0, f"{out[-3000:]}\n{err[-3000:]}"
     steps = re.findall(rf"^\[rank (\d)\] STEP rank=\1 world={world} .* changed=True same=True$", out, re.M)
     assert sorted(steps) == [str(r) for r in range(world)], out[-3000:]
+    # the example script the README points at trains the plan's model from the same run directory
+    example = Path(__file__).parent.parent / "examples" / "train.py"
+    rc, out, err = finish(dstk("launch", str(run_dir), "--", str(example), "--steps", "12"))
+    assert rc == 0, f"{out[-3000:]}\n{err[-3000:]}"
+    losses = [float(x) for x in re.findall(r"^\[rank 0\] step \d+ loss (\S+)$", out, re.M)]
+    assert len(losses) == 12 and losses[-1] < losses[0], losses
+
+
+def test_a_missing_script_is_refused_before_anything_starts(tmp_path, capsys):
+    from dstk.cli import main
+
+    run_dir = write_run_dir(tmp_path / "run", num_nodes=1, gpus_per_node=2)
+    assert main(["launch", str(run_dir), "--", str(tmp_path / "nope.py")]) == 2
+    err = capsys.readouterr().err
+    assert "no such training script" in err and "examples/train.py" in err
 
 
 @pytest.mark.parametrize("mode,code,says", [
@@ -90,6 +105,34 @@ def test_failed_rank_fails_the_launch_and_is_named(tmp_path, mode, code, says):
     assert "[rank 0] started rank=0" in out and "[rank 1] started rank=1" in out
     if mode == "exit":
         assert "[rank 1] rank 1 gives up" in err
+        assert "dstk: cause:" not in err  # a plain exit code names no cause it cannot know
+    else:
+        assert re.search(r"^dstk: cause: a rank was killed by SIGKILL: most often the kernel's OOM killer", err,
+                         re.M), err[-2000:]
+        assert "dmesg" in err
+
+
+def test_a_rank_out_of_host_memory_is_named_with_the_fix(tmp_path):
+    run_dir = write_run_dir(tmp_path / "run", num_nodes=1, gpus_per_node=2)
+    rc, out, err = finish(dstk("launch", str(run_dir), "--", str(SCRIPTS / "crash.py"), "oom"), timeout=180)
+    assert rc == 1, f"{out[-2000:]}\n{err[-2000:]}"
+    assert re.search(r"^dstk: cause: a rank ran out of host \(CPU\) memory", err, re.M), err[-3000:]
+    assert re.search(r"^dstk:   seen: \[rank 1\] .*DefaultCPUAllocator", err, re.M), err[-3000:]
+    assert re.search(r"^dstk:   fix: free host memory", err, re.M)
+
+
+def test_a_taken_rendezvous_port_is_named_with_the_fix(tmp_path, free_port):
+    import socket
+
+    run_dir = write_run_dir(tmp_path / "run", num_nodes=1, gpus_per_node=2)
+    with socket.socket() as holder:  # another job's server on the port
+        holder.bind(("127.0.0.1", free_port))
+        holder.listen()
+        rc, out, err = finish(dstk("launch", str(run_dir), "--master-port", str(free_port), "--",
+                                   str(SCRIPTS / "crash.py"), "rendezvous"), timeout=240)
+    assert rc != 0, f"{out[-2000:]}\n{err[-2000:]}"
+    assert re.search(r"^dstk: cause: the rendezvous port is taken", err, re.M), err[-3000:]
+    assert "--master-port" in err
 
 
 def test_hostile_env_value_reaches_the_rank_verbatim(tmp_path):

@@ -171,7 +171,7 @@ def check_spec(spec: LaunchSpec) -> dict[str, list[int]]:
             raise DstkError(
                 f"the plan is for {spec.num_nodes} node(s), but the host list{' after filtering' if spec.include or spec.exclude else ''} "
                 f"has {len(active)}: {', '.join(active) or 'none'}",
-                hint=f"give {spec.num_nodes} host(s), or regenerate the plan with `dstk generate --num-nodes {len(active)}`")
+                hint=f"give {spec.num_nodes} host(s), or regenerate the plan with `dstk generate INTENT --nodes {len(active)}`")
         wrong = {h: len(s) for h, s in active.items() if len(s) != spec.gpus_per_node}
         if wrong:
             listed = ", ".join(f"{h} has {n}" for h, n in wrong.items())

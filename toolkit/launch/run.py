@@ -8,6 +8,7 @@ runner exited 0 *and* every rank reported exit code 0.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -21,6 +22,10 @@ from pathlib import Path
 
 from dstk.launch.command import REPORT_TAG, LaunchPlan, LaunchSpec, check_pdsh_words, plan_launch
 from dstk.launch.locks import check_op_locks
+
+
+TAIL_LINES = 400
+"""Lines of the ranks' output kept for naming the cause of a failure."""
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
@@ -58,6 +63,8 @@ class LaunchResult:
     """Ranks that never reported (their wrapper was killed, or they never started)."""
     messages: tuple[str, ...]
     """One line per problem, first failure first."""
+    tail: tuple[str, ...] = ()
+    """The last lines the ranks printed (for ``dstk.launch.diagnose``)."""
 
 
 def parse_report(line: str) -> RankExit | None:
@@ -127,6 +134,7 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
     proc = subprocess.Popen(plan.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL)
     reports: list[RankExit] = []
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     lock = threading.Lock()
 
     def pump(src, stream: str) -> None:
@@ -137,11 +145,21 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
                 if report is not None:
                     reports.append(report)
                 else:
+                    tail.append(line)
                     sink(stream, line)
         src.close()
 
+    done = threading.Event()
+
+    def watch_builds() -> None:
+        for op in _op_builds(done):
+            with lock:
+                sink("stderr", f"dstk: DeepSpeed is building its op {op} (first start on this machine: a few "
+                               f"minutes, silent; later starts reuse it)\n")
+
     threads = [threading.Thread(target=pump, args=(proc.stdout, "stdout"), daemon=True),
-               threading.Thread(target=pump, args=(proc.stderr, "stderr"), daemon=True)]
+               threading.Thread(target=pump, args=(proc.stderr, "stderr"), daemon=True),
+               threading.Thread(target=watch_builds, daemon=True)]
     for t in threads:
         t.start()
     try:
@@ -156,10 +174,27 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
             proc.wait()
         raise
     finally:
+        done.set()
         for t in threads:
             t.join(timeout=10)
-    return judge(runner_returncode=proc.returncode, ranks=reports, world_size=world_size,
-                 expect_reports=expect_reports)
+    result = judge(runner_returncode=proc.returncode, ranks=reports, world_size=world_size,
+                   expect_reports=expect_reports)
+    return dataclasses.replace(result, tail=tuple(tail))
+
+
+def _op_builds(done: threading.Event, *, interval: float = 1.0):
+    """Yield each op DeepSpeed starts building while the launch runs: torch's extension builder
+    holds ``<extensions root>/<op>/lock`` for the whole build (``dstk.launch.locks``), and the ranks
+    print nothing until it ends."""
+    from dstk.launch.locks import extensions_root
+
+    root, seen = extensions_root(), set()
+    seen.update(p.parent.name for p in (*root.glob("*/lock"), *root.glob("*/*/lock")))  # stale: reported earlier
+    while not done.wait(interval):
+        for lock in (*root.glob("*/lock"), *root.glob("*/*/lock")):
+            if lock.parent.name not in seen:
+                seen.add(lock.parent.name)
+                yield lock.parent.name
 
 
 def _check_env_files(plan: LaunchPlan, sink: Callable[[str, str], None]) -> None:
@@ -190,6 +225,14 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
 
     Returns the exit code of ``LaunchResult``; the problems go to ``sink("stderr", ...)``."""
     plan = plan_launch(spec)
+    if not spec.module:
+        check_op_locks()  # a stale lock hangs the start: say so first (run_plan checks again, cheaply)
+        if not Path(spec.script).is_file():
+            from dstk.errors import UsageError
+
+            raise UsageError(f"{spec.script}: no such training script (from {os.getcwd()})",
+                             hint="give the path of your script after `--` (it gets --deepspeed_config "
+                                  "RUN/ds_config.json); examples/train.py is a small one to start from")
     if spec.launcher == "pdsh" and spec.hosts and spec.node_rank is None:
         check_pdsh_words([os.getcwd()])  # pdsh runs `cd <cwd>;` on every node, unquoted
     if spec.hosts and spec.node_rank is None:
@@ -203,4 +246,22 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
                                      messages=result.messages + (f"{lost} rank(s) of this node did not report how they ended",))
     for message in result.messages:
         sink("stderr", f"dstk: {message}\n")
+    if result.returncode != 0:
+        for found in explain_failure(result, run_dir=spec.run_dir):
+            sink("stderr", "dstk: " + found.render().replace("\n", "\ndstk: ") + "\n")
     return result.returncode
+
+
+def explain_failure(result: LaunchResult, *, run_dir: str | os.PathLike | None = None) -> list:
+    """The causes ``dstk.launch.diagnose`` names in a failed launch's output and signals, with the
+    run directory's plan (its memory estimate and smaller layouts) when there is one."""
+    from dstk.launch.diagnose import diagnose
+
+    plan = None
+    if run_dir is not None:
+        try:
+            plan = json.loads((Path(run_dir) / "plan.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            plan = None
+    signals = tuple(-r.returncode for r in result.ranks if r.returncode < 0 and not r.stopped)
+    return diagnose(list(result.tail), signals=signals, plan=plan)

@@ -146,7 +146,10 @@ def export_hf(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLike, 
     if dtype is not None and dtype not in DTYPES:
         raise UsageError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     tag_dir = _tag_dir(checkpoint_dir, tag)
-    hf_config = _load_config(config, [checkpoint_dir, tag_dir, checkpoint_dir.parent])
+    # finetune keeps the model config in OUTPUT/model (the export) and OUTPUT/prepared/model_config,
+    # next to OUTPUT/checkpoints.
+    hf_config = _load_config(config, [checkpoint_dir, tag_dir, checkpoint_dir.parent,
+                                      checkpoint_dir.parent / "model", checkpoint_dir.parent / "prepared" / "model_config"])
     model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
     is_pipeline = any(_LAYER_FILE.match(p.name) for p in tag_dir.iterdir())
     state = _pipeline_state(tag_dir, model) if is_pipeline else _zero_state(checkpoint_dir, tag_dir)
