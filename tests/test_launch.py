@@ -349,3 +349,58 @@ def test_an_op_build_that_starts_during_a_launch_is_announced(tmp_path, monkeypa
 
     threading.Thread(target=build).start()
     assert list(_op_builds(done, interval=0.05)) == ["fused_adam"]
+
+
+@pytest.mark.parametrize("sep", ["\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029"])
+def test_a_line_break_the_runner_does_not_see_is_refused(tmp_path, sep):
+    """The runner reads the file with readlines(): `a slots=1<VT>b slots=1` is one line (one host)
+    for it; splitlines() would make it two. dstk refuses the line instead of disagreeing."""
+    from deepspeed.launcher.runner import fetch_hostfile
+
+    path = tmp_path / "hostfile"
+    path.write_text(f"worker-0 slots=1{sep}worker-1 slots=1\nworker-2 slots=2\n", encoding="utf-8")
+    assert list(fetch_hostfile(str(path))) == ["worker-0", "worker-2"]  # the runner: worker-1 vanishes
+    _, findings = check_hostfile(path.read_bytes().decode("utf-8"))
+    assert [(f.line, f.code) for f in findings] == [(1, "HF007")]
+
+
+def test_files_the_runner_reads_the_same_way_agree(tmp_path):
+    """CRLF and CR line ends, as the runner's text mode reads them."""
+    from deepspeed.launcher.runner import fetch_hostfile
+
+    from dstk.launch.rundir import load_hostfile
+
+    path = tmp_path / "hostfile"
+    path.write_bytes(b"worker-0 slots=8\r\nworker-1 slots=4\rworker-2 slots=2\n")
+    assert [(h.name, h.num_slots) for h in load_hostfile(path)] == list(fetch_hostfile(str(path)).items())
+
+
+@pytest.mark.parametrize("content,says", [
+    (b"w slots=1000000000\n", "more than 1024 ranks"),
+    ("w slots=\u00b2\n".encode(), "digits 0-9"),
+    ("w slots=\u0663\n".encode(), "digits 0-9"),  # Arabic-Indic 3: the runner reads 3, dstk refuses
+    (b"w slots=" + b"9" * 5000 + b"\n", "5000 characters"),
+    (b"w slots=8\n\xff\xfe\n", "not UTF-8"),
+])
+def test_hostile_hostfiles_are_clear_errors(tmp_path, capsys, content, says):
+    path = tmp_path / "hostfile"
+    path.write_bytes(content)
+    run_dir = write_run_dir(tmp_path / "run", num_nodes=1, gpus_per_node=1)
+    code = main(["launch", str(run_dir), "--hostfile", str(path), "--dry-run", "--", "train.py"])
+    err = capsys.readouterr().err
+    assert code in (1, 2) and says in err and "internal error" not in err, err
+
+
+@pytest.mark.parametrize("path", ["/dev/zero", "/dev/null"])
+def test_a_device_is_not_a_hostfile(tmp_path, capsys, path):
+    run_dir = write_run_dir(tmp_path / "run", num_nodes=1, gpus_per_node=1)
+    assert main(["launch", str(run_dir), "--hostfile", path, "--dry-run", "--", "train.py"]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+
+
+def test_a_fifo_is_not_a_hostfile(tmp_path, capsys):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    run_dir = write_run_dir(tmp_path / "run", num_nodes=1, gpus_per_node=1)
+    assert main(["launch", str(run_dir), "--hostfile", str(fifo), "--dry-run", "--", "train.py"]) == 2
+    assert "not a regular file" in capsys.readouterr().err

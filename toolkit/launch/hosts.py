@@ -47,12 +47,30 @@ def _finding(code: str, line: int, message: str, hint: str) -> Finding:
     return Finding(severity="error", code=code, line=line, message=message, hint=hint)
 
 
+MAX_SLOTS = 1024
+"""Ranks on one node: no machine has more GPUs, and the runner would start that many processes."""
+
+_OTHER_BREAKS = re.compile("[\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+"""Characters ``str.splitlines`` breaks at but the runner's ``readlines`` does not."""
+
+
 def check_hostfile(text: str) -> tuple[list[Host], list[Finding]]:
-    """Parse hostfile text; return the hosts in rank order and every problem found (with line numbers)."""
+    """Parse hostfile text; return the hosts in rank order and every problem found (with line numbers).
+
+    Lines are split as the runner reads the file (``readlines`` in text mode: ``\n`` once ``\r\n``
+    and ``\r`` are translated), never at the other characters Python counts as line breaks: a line
+    holding one of those is refused, since dstk and the runner would read it differently."""
     hosts: list[Host] = []
     findings: list[Finding] = []
     first_line: dict[str, int] = {}
-    for number, raw in enumerate(text.splitlines(), start=1):
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    for number, raw in enumerate(text.split("\n"), start=1):
+        odd = _OTHER_BREAKS.search(raw)
+        if odd:
+            findings.append(_finding("HF007", number, f"the line holds {odd.group()!r}, which the deepspeed runner "
+                                     "does not read as a line break (it reads the rest as part of this line)",
+                                     "put each host on its own line, separated by a plain newline"))
+            continue
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -67,9 +85,16 @@ def check_hostfile(text: str) -> tuple[list[Host], list[Finding]]:
             findings.append(_finding("HF002", number, f"host name {name!r} is not a plain DNS name or IPv4 address",
                                      "use letters, digits, '.', '-' and '_' only"))
             ok = False
-        if not slots_text.isdigit() or int(slots_text) < 1:
-            findings.append(_finding("HF003", number, f"slots={slots_text}: expected a positive integer",
+        digits = slots_text.isascii() and slots_text.isdigit()
+        shown = slots_text if len(slots_text) <= 20 else slots_text[:20] + f"... ({len(slots_text)} characters)"
+        if not digits or not slots_text.lstrip("0"):
+            findings.append(_finding("HF003", number, f"slots={shown}: expected a positive integer (digits 0-9)",
                                      "give the number of GPUs on the host, e.g. slots=8"))
+            ok = False
+        elif len(slots_text.lstrip("0")) > 4 or int(slots_text) > MAX_SLOTS:
+            findings.append(_finding("HF008", number, f"slots={shown}: more than {MAX_SLOTS} ranks on one host",
+                                     "give the number of GPUs on the host, e.g. slots=8; the runner would start "
+                                     "that many processes"))
             ok = False
         if rest and not rest.startswith("#"):
             findings.append(Finding(severity="warning", code="HF004", line=number,
@@ -94,7 +119,7 @@ def parse_hosts_flag(value: str) -> list[Host]:
     for item in value.split(","):
         item = item.strip()
         name, sep, slots = item.rpartition(":")
-        if not sep or not name or not slots.isdigit() or int(slots) < 1:
+        if not sep or not name or not (slots.isascii() and slots.isdigit()) or len(slots) > 6 or not 1 <= int(slots) <= MAX_SLOTS:
             raise DstkError(f"--hosts: bad entry {item!r}: expected HOST:SLOTS", hint="e.g. --hosts worker-0:8,worker-1:8")
         if not is_valid_hostname(name):
             raise DstkError(f"--hosts: {name!r} is not a plain DNS name or IPv4 address",

@@ -45,11 +45,31 @@ def read_plan(run_dir: str | os.PathLike) -> dict:
     return plan
 
 
+MAX_HOSTFILE_BYTES = 1 << 20
+"""A hostfile of a million bytes lists thousands of nodes; more is not a hostfile (``/dev/zero``)."""
+
+
 def load_hostfile(path: str | os.PathLike) -> list[Host]:
+    import stat
+
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        mode = os.stat(path).st_mode
+        if not stat.S_ISREG(mode):
+            raise UsageError(f"hostfile {path} is not a regular file", hint="give the path of a text file "
+                             "with lines 'HOST slots=N'")
+        with open(path, "rb") as f:
+            data = f.read(MAX_HOSTFILE_BYTES + 1)
     except OSError as exc:
         raise UsageError(f"cannot read hostfile {path}: {exc.strerror or exc}", hint="check the path") from None
+    if len(data) > MAX_HOSTFILE_BYTES:
+        raise UsageError(f"hostfile {path} is larger than {MAX_HOSTFILE_BYTES:,} bytes",
+                         hint="a hostfile has one short line per node: check the path")
+    try:
+        # The runner reads it in text mode: universal newlines (\n, \r\n, \r), UTF-8 here.
+        text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+    except UnicodeDecodeError as exc:
+        raise DstkError(f"hostfile {path} is not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r})",
+                        hint="write the hostfile as plain text, one 'HOST slots=N' per line", location=str(path)) from None
     hosts, findings = check_hostfile(text)
     if has_errors(findings):
         raise DstkError("the hostfile has errors:\n" + render_text(str(path), findings),
