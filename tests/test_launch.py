@@ -404,3 +404,15 @@ def test_a_fifo_is_not_a_hostfile(tmp_path, capsys):
     run_dir = write_run_dir(tmp_path / "run", num_nodes=1, gpus_per_node=1)
     assert main(["launch", str(run_dir), "--hostfile", str(fifo), "--dry-run", "--", "train.py"]) == 2
     assert "not a regular file" in capsys.readouterr().err
+
+
+def test_the_runners_spellings_are_aliases_and_ports_are_checked(tmp_path, capsys):
+    run_dir = write_run_dir(tmp_path / "run", num_nodes=1, gpus_per_node=2)
+    argv = ["launch", str(run_dir), "--dry-run", "--format", "json"]
+    assert main(argv + ["--master_port", "29511", "--", "train.py"]) == 0
+    assert "29511" in capsys.readouterr().out
+    for bad in ("0", "70000", "-1", "http"):
+        with pytest.raises(SystemExit) as exit_info:  # argparse's usage error, through dstk's error format
+            main(argv + ["--master-port", bad, "--", "train.py"])
+        assert exit_info.value.code == 2
+        assert "1-65535" in capsys.readouterr().err

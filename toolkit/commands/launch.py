@@ -53,11 +53,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nccl-profile", choices=NCCL_PROFILES, default=None,
                         help="a set of NCCL variables, each commented in templates/nccl/; --env overrides them")
     parser.add_argument("--env", action="append", default=[], metavar="K=V", help="variable for every rank (repeat)")
-    parser.add_argument("--master-addr", default=None, metavar="HOST",
+    # The deepspeed runner's and torchrun's spellings (--master_addr) are accepted too.
+    parser.add_argument("--master-addr", "--master_addr", default=None, metavar="HOST",
                         help="rendezvous host (default: the first host; 127.0.0.1 locally)")
-    parser.add_argument("--master-port", type=int, default=None, metavar="PORT",
-                        help="rendezvous port (default: a port free on this machine now)")
-    parser.add_argument("--node-rank", type=int, default=None, metavar="N",
+    parser.add_argument("--master-port", "--master_port", type=port_number, default=None, metavar="PORT",
+                        help="rendezvous port, 1-65535 (default: a port free on this machine now)")
+    parser.add_argument("--node-rank", "--node_rank", type=int, default=None, metavar="N",
                         help="start only node N of the host list, without ssh; run the same command on every node")
     parser.add_argument("--module", action="store_true", help="the script is a module: run it as python -m")
     parser.add_argument("--config-arg", default="--deepspeed_config", metavar="FLAG",
@@ -74,6 +75,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     slurm.add_argument("--time", default=None, help="#SBATCH --time, e.g. 1-00:00:00")
     slurm.add_argument("--account", default=None, help="#SBATCH --account")
     _split_dashes(parser)
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port (argparse turns the ValueError into a usage error, exit 2)."""
+    port = int(text)
+    if not 1 <= port <= 65535:
+        raise ValueError(text)
+    return port
+
+
+port_number.__name__ = "port (1-65535)"
 
 
 def _spec(args: argparse.Namespace):
