@@ -5,7 +5,12 @@ Prints two figures:
      process that imports deepspeed and runs `DeepSpeedConfig(FILE)` (median of N runs each);
   2. in-process throughput of `dstk.validate.validate_config` in configs per second.
 
-Usage: .venv/bin/python benchmarks/validate_speed.py [--runs 5] [--file PATH]
+Usage: .venv/bin/python benchmarks/validate_speed.py [--runs 5] [--file PATH] [--baseline DIR]
+
+``--baseline DIR`` also times another dstk (a directory holding a ``dstk`` package, put first on
+PYTHONPATH; e.g. an older commit: ``git archive HEAD~1 toolkit | tar -x -C /tmp/old`` and a symlink
+``/tmp/old-pkg/dstk -> /tmp/old/toolkit``). The runs of all commands are interleaved, so a busy machine
+slows them alike and the ratios stay comparable.
 """
 
 from __future__ import annotations
@@ -33,13 +38,15 @@ CONFIG = {
 DS_SCRIPT = ("import sys; from deepspeed.runtime.config import DeepSpeedConfig; DeepSpeedConfig(sys.argv[1])")
 
 
-def _time(cmd: list[str], runs: int, env: dict) -> float:
-    times = []
+def _time(commands: dict[str, tuple[list[str], dict]], runs: int) -> dict[str, float]:
+    """Median wall time of each command, the runs interleaved (a, b, c, a, b, c, ...)."""
+    times: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(runs):
-        start = time.perf_counter()
-        subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, (cmd, env) in commands.items():
+            start = time.perf_counter()
+            subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> int:
@@ -47,6 +54,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--file", help="config to time (default: a ZeRO-3 offload config written here)")
     parser.add_argument("--seconds", type=float, default=3.0, help="duration of the throughput loop")
+    parser.add_argument("--baseline", metavar="DIR", help="also time the dstk package found in DIR")
     args = parser.parse_args()
 
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -58,8 +66,14 @@ def main() -> int:
                 json.dump(CONFIG, fh, indent=2)
         with open(path) as fh:
             config = json.load(fh)
-        dstk = _time([sys.executable, "-m", "dstk.cli", "validate", path, "--world-size", "8"], args.runs, env)
-        ds = _time([sys.executable, "-c", DS_SCRIPT, path], args.runs, env)
+        validate = [sys.executable, "-m", "dstk.cli", "validate", path, "--world-size", "8"]
+        commands = {"dstk": (validate, env), "deepspeed": ([sys.executable, "-c", DS_SCRIPT, path], env)}
+        if args.baseline:
+            baseline_env = dict(env, PYTHONPATH=os.pathsep.join(filter(None, [args.baseline,
+                                                                             env.get("PYTHONPATH")])))
+            commands["baseline"] = (validate, baseline_env)
+        medians = _time(commands, args.runs)
+        dstk, ds = medians["dstk"], medians["deepspeed"]
 
     from dstk.validate import validate_config
 
@@ -72,6 +86,9 @@ def main() -> int:
 
     print(f"cold start, median of {args.runs}: dstk validate {dstk:.2f} s, DeepSpeedConfig parse {ds:.2f} s "
           f"({ds / dstk:.1f}x)")
+    if args.baseline:
+        base = medians["baseline"]
+        print(f"cold start, baseline {args.baseline}: dstk validate {base:.2f} s ({ds / base:.1f}x)")
     print(f"in-process: {per_second:.0f} configs/s ({1000 / per_second:.2f} ms per config)")
     return 0
 

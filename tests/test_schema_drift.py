@@ -89,9 +89,9 @@ def _json_types(ann) -> set[str] | None:
 def _schema_types(node: dict) -> set[str]:
     if "anyOf" in node:
         return set().union(*(_schema_types(n) for n in node["anyOf"]))
-    if "enum" in node:
+    if "enum" in node or "const" in node:
         return {{bool: "boolean", int: "integer", float: "number", str: "string", type(None): "null"}[type(v)]
-                for v in node["enum"]}
+                for v in node.get("enum", [node.get("const")])}
     kind = node.get("type", [])
     out = set([kind] if isinstance(kind, str) else kind)
     return out

@@ -29,6 +29,8 @@ COMMANDS = (
     "estimate",
     "plan",
     "generate",
+    "import",
+    "upgrade",
     "explain",
     "launch",
     "doctor",
@@ -46,15 +48,17 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-def _command_modules():
-    for name in COMMANDS:
-        module_name = f"dstk.commands.{name}"
+def _command_modules(only: str | None = None):
+    for name in COMMANDS if only is None else (only,):
+        module_name = f"dstk.commands.{name}" + ("_" if name == "import" else "")  # a keyword: import_.py
         if importlib.util.find_spec(module_name) is None:
             continue
         yield name, importlib.import_module(module_name)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser; with ``only``, just that subcommand (so ``dstk validate FILE`` imports validate's module,
+    not every command's)."""
     parser = _Parser(
         prog="dstk",
         description="DeepSpeed/Megatron configuration toolkit: intent -> plan -> artifacts -> launch.",
@@ -62,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"dstk {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name, module in _command_modules():
+    for name, module in _command_modules(only):
         p = sub.add_parser(name, help=module.HELP, description=getattr(module, "DESCRIPTION", module.HELP))
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for errors")
         module.configure(p)
@@ -71,7 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    first = next((w for w in words if not w.startswith("-")), None)
+    parser = build_parser(first if first in COMMANDS and "-h" not in words[:1] and "--help" not in words[:1]
+                          else None)
     args = parser.parse_args(argv)
     if getattr(args, "_run", None) is None:
         parser.print_help()

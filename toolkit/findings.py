@@ -104,3 +104,51 @@ def render_json(files: list[tuple[str, list[Finding]]], *, strict: bool = False)
         },
         indent=2,
     )
+
+
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+
+
+def _sarif_uri(path: str) -> dict:
+    import pathlib
+
+    p = pathlib.PurePath(path)
+    if p.is_absolute():
+        return {"uri": pathlib.Path(path).as_uri()}
+    return {"uri": p.as_posix(), "uriBaseId": "%SRCROOT%"}
+
+
+def render_sarif(files: list[tuple[str, list[Finding]]], *, rules: dict[str, tuple[str, str]], tool: str,
+                 version: str, information_uri: str | None = None, help_uri: str | None = None) -> str:
+    """SARIF 2.1.0 (OASIS, https://docs.oasis-open.org/sarif/sarif/v2.1.0/) for GitHub code scanning: one run,
+    one rule per finding code (``rules``: code -> (severity, description)), one result per finding with the
+    file, line and column (paths relative to the repository root become ``%SRCROOT%``-relative URIs)."""
+    used = sorted({f.code for _, fs in files for f in fs} | set(rules))
+    index = {code: i for i, code in enumerate(used)}
+    rule_objs = []
+    for code in used:
+        severity, text = rules.get(code, ("error", code))
+        rule = {"id": code, "shortDescription": {"text": text}, "fullDescription": {"text": text},
+                "help": {"text": text, "markdown": text},
+                "defaultConfiguration": {"level": "warning" if severity == "warning" else "error"}}
+        if help_uri:
+            rule["helpUri"] = help_uri
+        rule_objs.append(rule)
+    results = []
+    for path, findings in files:
+        for f in findings:
+            location: dict = {"artifactLocation": _sarif_uri(path)}
+            if f.line is not None:
+                location["region"] = {"startLine": f.line, **({"startColumn": f.column} if f.column else {})}
+            result = {"ruleId": f.code, "ruleIndex": index[f.code], "level": f.severity,
+                      "message": {"text": (f"{f.pointer}: " if f.pointer else "") + f.message
+                                  + (f" (fix: {f.hint})" if f.hint else "")},
+                      "locations": [{"physicalLocation": location}]}
+            if f.pointer:
+                result["locations"][0]["logicalLocations"] = [{"fullyQualifiedName": f.pointer, "kind": "member"}]
+            results.append(result)
+    driver = {"name": tool, "version": version, "semanticVersion": version, "rules": rule_objs}
+    if information_uri:
+        driver["informationUri"] = information_uri
+    return json.dumps({"$schema": SARIF_SCHEMA, "version": "2.1.0",
+                       "runs": [{"tool": {"driver": driver}, "results": results}]}, indent=2)

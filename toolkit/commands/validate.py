@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 
 from dstk.errors import EXIT_INVALID, EXIT_OK, DstkError, UsageError
@@ -15,7 +14,9 @@ DESCRIPTION = (
     "Check DeepSpeed 0.19.8 config files (JSON or hjson, as DeepSpeed reads them): every key against the "
     "schema of what DeepSpeed reads (unknown keys are errors at every level), removed keys, \"auto\", the batch "
     "triad against the data-parallel size (world size / (TP x PP)), precision, ZeRO/offload, pipeline, AutoTP, "
-    "optimizer and scheduler names and parameters. All findings of all files are reported. "
+    "optimizer and scheduler names and parameters. All findings of all files are reported. Settings (ignored "
+    "codes, world size, TP/PP, --hf, per-file overrides) are also read from [tool.dstk] in the nearest "
+    "pyproject.toml above each file; flags win. "
     "Exit 0 valid (warnings allowed unless --strict), 1 any file invalid, 2 usage error or unreadable path."
 )
 
@@ -33,23 +34,30 @@ def _positive(text: str) -> int:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paths", nargs="+", metavar="PATH", help="config files (JSON or hjson)")
     parser.add_argument("--world-size", type=_positive, metavar="N", help="total ranks; checks the batch triad")
-    parser.add_argument("--tensor-parallel", type=_positive, default=1, metavar="T", help="tensor-parallel degree")
-    parser.add_argument("--pipeline-stages", type=_positive, default=1, metavar="P", help="pipeline stages")
-    parser.add_argument("--hf", action="store_true",
-                        help='the file is read by HF transformers\' Trainer, which fills "auto" values')
+    parser.add_argument("--tensor-parallel", type=_positive, metavar="T", help="tensor-parallel degree (default 1)")
+    parser.add_argument("--pipeline-stages", type=_positive, metavar="P", help="pipeline stages (default 1)")
+    parser.add_argument("--hf", action=argparse.BooleanOptionalAction, default=None,
+                        help='the file is read by HF transformers\' Trainer, which fills "auto" values '
+                             "(--no-hf overrides hf = true in [tool.dstk])")
     parser.add_argument("--strict", action="store_true", help="warnings make a file invalid")
-    parser.add_argument("--format", choices=["text", "human", "json", "github"], default="text",
-                        help="text (= human) for people, json for scripts, github for Actions annotations")
+    parser.add_argument("--ignore", action="append", default=[], metavar="CODE[,CODE]",
+                        help="drop findings with these codes (added to [tool.dstk] ignore); repeatable")
+    parser.add_argument("--no-project", action="store_true",
+                        help="do not read [tool.dstk] from the nearest pyproject.toml")
+    parser.add_argument("--format", choices=["text", "human", "json", "github", "sarif"], default="text",
+                        help="text (= human) for people, json for scripts, github for Actions annotations, "
+                             "sarif (2.1.0) for GitHub code scanning")
     parser.add_argument("--deepspeed", action="store_true",
-                        help="also run DeepSpeed's own parser (DeepSpeedConfig) and report its verdict (slow)")
+                        help="also run DeepSpeed's own parser (DeepSpeedConfig) on each file and report its verdict "
+                             "(slow; a rejection makes the file invalid)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from dstk.findings import has_errors, render_github, render_text
+    from dstk.findings import Finding, has_errors, render_github, render_text
     from dstk.validate import read_document, validate_document
+    from dstk.validate.project import SHIPPED_DEEPSPEED, Settings, parse_codes, settings_for, version_finding
 
-    options = dict(world_size=args.world_size, tensor_parallel=args.tensor_parallel,
-                   pipeline_stages=args.pipeline_stages, hf=args.hf)
+    cli_ignore = frozenset().union(*(parse_codes(text, where="--ignore") for text in args.ignore))
     results = []
     unreadable = []
     for path in args.paths:
@@ -61,23 +69,42 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             unreadable.append((path, exc.strerror or str(exc)))
             continue
-        results.append((path, doc, validate_document(doc, **options)))
+        project = Settings() if args.no_project else settings_for(path)
+        options = _options(args, project)
+        findings = validate_document(doc, **options)
+        extra = version_finding(project)
+        if extra is not None:
+            findings.insert(0, extra)
+        results.append(dict(path=path, doc=doc, findings=findings, options=options, project=project,
+                            ignore=cli_ignore | project.ignore))
     if unreadable and not results:
         path, why = unreadable[0]
         raise UsageError(f"cannot read {path}: {why}", hint="pass paths of readable config files")
     for path, why in unreadable:
         print(f"error: cannot read {path}: {why}", file=sys.stderr)
 
-    verdicts = {}
-    if args.deepspeed:
-        verdicts = _deepspeed_verdicts(results, args)
+    verdicts = _deepspeed_verdicts(results) if args.deepspeed else {}
+    for r in results:
+        ds = verdicts.get(r["path"])
+        if ds is not None and not ds["accepted"]:
+            r["findings"].append(Finding(severity="error", code="DS301", message=f"DeepSpeed's own parser rejects "
+                                         f"the file: {ds['error']}", hint="fix what DeepSpeed names"))
+        kept = [f for f in r["findings"] if f.code not in r["ignore"]]
+        r["ignored"] = len(r["findings"]) - len(kept)
+        r["findings"] = kept
 
     invalid = False
     files = []
-    for path, _doc, findings in results:
+    for r in results:
+        path, findings = r["path"], r["findings"]
         valid = not has_errors(findings, strict=args.strict)
         invalid |= not valid
-        entry = {"path": path, "valid": valid, "findings": [f.to_dict() for f in findings]}
+        entry = {"path": path, "valid": valid, "findings": [f.to_dict() for f in findings],
+                 "deepspeed_schema": SHIPPED_DEEPSPEED}
+        if r["ignored"]:
+            entry["ignored"] = r["ignored"]
+        if r["project"].source:
+            entry["project"] = r["project"].source
         if path in verdicts:
             entry["deepspeed"] = verdicts[path]
         files.append(entry)
@@ -85,33 +112,66 @@ def run(args: argparse.Namespace) -> int:
             if findings:
                 print(render_text(path, findings))
             ds = verdicts.get(path)
-            ds_note = ""
+            notes = ""
             if ds is not None:
-                ds_note = "; DeepSpeed: accepts" if ds["accepted"] else f"; DeepSpeed: rejects ({ds['error']})"
+                notes += "; DeepSpeed: accepts" if ds["accepted"] else "; DeepSpeed: rejects"
+            if r["ignored"]:
+                notes += f"; {r['ignored']} ignored"
+            if r["project"].source:
+                notes += f"; settings from {r['project'].source}"
             n_err = sum(f.severity == "error" for f in findings)
             n_warn = len(findings) - n_err
             counts = f"{n_err} error{'s' * (n_err != 1)}, {n_warn} warning{'s' * (n_warn != 1)}"
-            print(f"{path}: {'ok' if valid else 'invalid'} ({counts}){ds_note}")
+            print(f"{path}: {'ok' if valid else 'invalid'} ({counts}){notes}")
         elif args.format == "github" and findings:
             print(render_github(path, findings))
     if args.format == "json":
         print(json.dumps({"files": files}, indent=2))
+    elif args.format == "sarif":
+        from dstk import __version__
+        from dstk.findings import render_sarif
+        from dstk.validate.codes import CODES
+
+        print(render_sarif([(r["path"], r["findings"]) for r in results], rules=CODES, tool="dstk",
+                           version=__version__))
     if unreadable:
         return 2
     return EXIT_INVALID if invalid else EXIT_OK
 
 
-def _deepspeed_verdicts(results, args) -> dict:
+def _options(args: argparse.Namespace, project) -> dict:
+    """Command line first, then [tool.dstk] (with its per-file overrides), then the defaults."""
+    def pick(flag, setting, default):
+        return flag if flag is not None else setting if setting is not None else default
+
+    return dict(world_size=pick(args.world_size, project.world_size, None),
+                tensor_parallel=pick(args.tensor_parallel, project.tensor_parallel, 1),
+                pipeline_stages=pick(args.pipeline_stages, project.pipeline_stages, 1),
+                hf=pick(args.hf, project.hf, False))
+
+
+def _deepspeed_verdicts(results: list[dict]) -> dict:
+    """DeepSpeed's verdict on each file, given the file itself (DeepSpeed reads it with hjson and its
+    duplicate-key check), except under --hf, where transformers' filler needs the parsed dict first."""
+    import subprocess
+
+    from dstk.errors import require_train_stack
     from dstk.validate.deepspeed_check import parse_many
 
-    dp = 1
-    if args.world_size:
-        dp = max(args.world_size // (args.tensor_parallel * args.pipeline_stages), 1)
+    require_train_stack("validate --deepspeed", modules=("torch", "deepspeed"))
     jobs, paths = [], []
-    for path, doc, _ in results:
-        if isinstance(doc.config, dict):
-            jobs.append({"config": doc.config, "dp": 1 if args.hf else dp, "fill": args.hf})
-            paths.append(path)
+    for r in results:
+        o = r["options"]
+        dp = 1
+        if o["world_size"]:
+            dp = max(o["world_size"] // (o["tensor_parallel"] * o["pipeline_stages"]), 1)
+        if o["hf"]:
+            if not isinstance(r["doc"].config, dict):
+                continue
+            jobs.append({"config": r["doc"].config, "dp": 1, "fill": True})
+        else:
+            jobs.append({"config": os.path.abspath(r["path"]), "dp": dp, "fill": False})
+        paths.append(r["path"])
     try:
         verdicts = parse_many(jobs)
     except (RuntimeError, subprocess.TimeoutExpired) as exc:

@@ -1,6 +1,7 @@
 """``dstk.validate``: check a DeepSpeed 0.19.8 config before DeepSpeed does.
 
-Fast: imports json, jsonschema and (for non-JSON files) hjson; never torch, deepspeed or transformers.
+Fast: imports json and (for non-JSON files) hjson; never jsonschema (:mod:`dstk.validate.checker` checks the
+schema's keywords), torch, deepspeed or transformers.
 
     findings = validate_config(config, world_size=8, tensor_parallel=2)   # a dict
     findings = validate_file("ds_config.json", hf=True)                  # a path: adds line/column
@@ -12,7 +13,9 @@ and the cross-field rules of :mod:`dstk.validate.rules`.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 
 from dstk.findings import Finding
 from dstk.validate.rules import HF_FILLS, RULES, Context, split_auto, split_removed
@@ -48,6 +51,8 @@ def validate_config(config: dict, *, world_size: int | None = None, tensor_paral
     findings += findings_for(cleaned)
     for rule in RULES:
         findings.extend(rule(cleaned, ctx))
+    # a required key whose "auto" was taken out is reported once, as "auto" (DS107/DS108), not also as missing
+    findings = [f for f in findings if not (f.code == "DS110" and f.pointer in ctx.auto_pointers)]
     return _dedupe(findings)
 
 
@@ -93,13 +98,21 @@ def _locate(findings: list[Finding], doc: Document) -> list[Finding]:
 def validate_document(doc: Document, **options) -> list[Finding]:
     findings = list(doc.findings)
     if isinstance(doc.config, dict):
-        findings += validate_config(doc.config, **options)
+        non_finite = {f.pointer for f in doc.findings if f.code == "DS009"}  # one finding per cause: not also a range
+        findings += [f for f in validate_config(doc.config, **options) if f.pointer not in non_finite]
     located = _locate(findings, doc)
     return sorted(located, key=lambda f: (f.line is None, f.line or 0, f.column or 0))
 
 
 def read_document(path: str | os.PathLike) -> Document:
-    """Read and parse one file; ``OSError`` for a path that cannot be read (the CLI's exit 2)."""
+    """Read and parse one file; ``OSError`` for a path that cannot be read or is not a regular file (a FIFO or
+    a device would block or never end: the CLI's exit 2)."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else
+                "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else
+                "not a regular file")
+        raise OSError(errno.EINVAL, f"is {kind}, not a config file", str(path))
     with open(path, "rb") as fh:
         data = fh.read(MAX_BYTES + 1)
     return parse_bytes(data)

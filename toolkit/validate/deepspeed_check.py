@@ -4,10 +4,13 @@ This is the only part of ``dstk.validate`` that imports deepspeed (and, with ``f
 transformers). It runs in a child process (``python -m dstk.validate.deepspeed_check``) so that
 DeepSpeed's logging, its 3.5 s import and its process group stay out of the caller.
 
-DeepSpeedConfig ignores its ``mpu`` unless ``deepspeed.comm`` is initialised, so the child starts a
-1-rank gloo group and passes an mpu that reports the target data-parallel size
-(/work/shared/ENVIRONMENT.md). With ``fill_hf`` the ``"auto"`` values are first filled by
-transformers' own ``HfTrainerDeepSpeedConfig`` (at world size 1, so the triad is parsed at dp 1).
+DeepSpeedConfig ignores its ``mpu`` unless ``deepspeed.comm`` is initialised (``runtime/config.py:455-474``:
+``dist.get_rank()`` fails, so it parses at world size 1), so for a data-parallel size above 1 the child
+starts a 1-rank gloo group and passes an mpu that reports that size (/work/shared/ENVIRONMENT.md). At size
+1 it starts no group: ``deepspeed.init_distributed`` builds the ``deepspeed_shm_comm`` op on the CPU
+accelerator (``comm/torch.py`` ``build_shm_op``; minutes on a cold cache), which the parse does not need.
+With ``fill_hf`` the ``"auto"`` values are first filled by transformers' own ``HfTrainerDeepSpeedConfig``
+(at world size 1, so the triad is parsed at dp 1).
 """
 
 from __future__ import annotations
@@ -87,11 +90,13 @@ def _enabled(config, section):
 
 
 def parse_in_process(config: dict | str, *, dp: int = 1, fill: bool = False) -> Verdict:
-    """Run DeepSpeedConfig here (imports deepspeed; starts a 1-rank gloo group once). ``config`` is a dict
-    or a file path (DeepSpeed then reads the file itself, with hjson and its duplicate-key check)."""
+    """Run DeepSpeedConfig here (imports deepspeed; starts a 1-rank gloo group once, only for ``dp > 1``).
+    ``config`` is a dict or a file path (DeepSpeed then reads the file itself, with hjson and its duplicate-key
+    check)."""
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    _init_group()
+    if dp > 1:  # only then does DeepSpeedConfig need deepspeed.comm (to ask the mpu for the size)
+        _init_group()
     try:
         if isinstance(config, str):
             cfg = config

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import functools
 import json
+import math
 
 from dstk.findings import Finding
 from dstk.resources import data_file
@@ -24,12 +25,23 @@ def load_schema() -> dict:
 
 @functools.cache
 def _validator(pointer: str = ""):
-    from jsonschema import Draft202012Validator
+    """What checks an instance against the schema (or its part at ``pointer``): dstk's own checker of the
+    keywords the schema uses (:mod:`dstk.validate.checker`; jsonschema is the oracle in its tests)."""
+    from dstk.validate import checker
 
-    schema = load_schema()
-    if pointer:
-        schema = subschema(pointer)
-    return Draft202012Validator(schema)
+    schema = subschema(pointer) if pointer else load_schema()
+    return _Checker(schema, checker.iter_errors)
+
+
+class _Checker:
+    __slots__ = ("schema", "_iter")
+
+    def __init__(self, schema, iter_errors):
+        self.schema = schema
+        self._iter = iter_errors
+
+    def iter_errors(self, instance):
+        return self._iter(instance, self.schema)
 
 
 def subschema(pointer: str) -> dict:
@@ -104,36 +116,14 @@ def _translate(err, *, base: str, what: str) -> list[Finding]:
     kind = err.validator
     section = pointer or "the top level"
     if kind == "additionalProperties":
-        props = schema.get("properties", {})
-        out = []
-        for key in value:
-            if key in props:
-                continue
-            child = f"{pointer}/{key.replace('~', '~0').replace('/', '~1')}"
-            guess = did_you_mean(key, props)
-            elsewhere = [p for p in key_index().get(key, ()) if p != (pointer or "/")]
-            if elsewhere and not what:  # an exact key of another section beats a near miss here
-                hint = f"'{key}' belongs under {elsewhere[0]}" + (f" (or did you mean '{guess}'?)" if guess else "")
-            elif guess:
-                hint = f"did you mean '{guess}'?"
-            else:
-                hint = f"remove it; {section} accepts: " + ", ".join(sorted(props)[:12]) + (
-                    ", ..." if len(props) > 12 else "")
-            if what:
-                msg = f"unknown {what} parameter '{key}': the constructor does not take it, so DeepSpeed fails at initialize"
-            elif not pointer:
-                msg = f"unknown top-level key '{key}': DeepSpeed silently ignores it, so the setting never applies"
-            else:
-                msg = f"unknown key '{key}' in {pointer}"
-            out.append(Finding(severity="error", code="DS101", pointer=child, message=msg, hint=hint))
-        return out
+        return _unknown_keys(value, schema, pointer=pointer, what=what)
     if kind == "type" or kind == "false" or (kind == "not" and schema.get("x-dstk-not-json")):
         if schema.get("x-dstk-not-json") or err.schema is False:
             return [Finding(severity="error", code="DS102", pointer=pointer,
                             message=f"{pointer} takes a Python object (set in code), not a JSON value",
                             hint="remove it from the config and pass it in code")]
         expected = _expected(schema)
-        hint = f"write a {expected}"
+        hint = f"write {_article(expected)}"
         if isinstance(value, str) and expected in ("number", "integer", "integer or null", "number or null"):
             hint = f"write it without quotes: {value.strip()}" if _is_number(value) else hint
         if isinstance(value, str) and value.lower() in ("true", "false") and "boolean" in expected:
@@ -161,11 +151,129 @@ def _translate(err, *, base: str, what: str) -> list[Finding]:
         return [Finding(severity="error", code="DS110", pointer=f"{pointer}/{k}",
                         message=f"{section} needs '{k}'" + (f" ({what})" if what else ""),
                         hint=f"add '{k}'") for k in missing]
-    if kind in ("anyOf", "oneOf"):
-        sub = err.context[0] if err.context else None
-        if sub is not None:
-            return _translate(sub, base=base, what=what)
+    if kind in ("minItems", "maxItems") and isinstance(value, list):
+        bound = "at least" if kind == "minItems" else "at most"
+        return [Finding(severity="error", code="DS104", pointer=pointer,
+                        message=f"{pointer} has {len(value)} item{'s' * (len(value) != 1)}; it must have {bound} "
+                                f"{err.validator_value}" + (f" ({what})" if what else ""),
+                        hint=f"write {err.validator_value} values, e.g. {_short(schema.get('default'))}"
+                        if schema.get("default") is not None else f"write {bound} {err.validator_value} values")]
+    if kind in ("anyOf", "oneOf") and err.context:
+        return _translate(_closest_branch(err.context), base=base, what=what)
     return [Finding(severity="error", code="DS199", pointer=pointer, message=f"{pointer}: {err.message}")]
+
+
+FOREIGN_NAMES = {
+    "max_grad_norm": ("/", "gradient_clipping", "HF TrainingArguments' name for it"),
+    "per_device_train_batch_size": ("/", "train_micro_batch_size_per_gpu", "HF TrainingArguments' name for it"),
+    "micro_batch_size": ("/", "train_micro_batch_size_per_gpu", "Megatron's name for it"),
+    "global_batch_size": ("/", "train_batch_size", "Megatron's name for it"),
+    "learning_rate": ("/optimizer/params", "lr", "DeepSpeed reads the learning rate from the optimizer block"),
+    "zero_stage": ("/zero_optimization", "stage", "accelerate's name for it"),
+}
+"""Names other tools use for a DeepSpeed key: name -> (section, DeepSpeed's key, why)."""
+
+MAX_GUESSES_PER_OBJECT = 200
+"""Did-you-mean (a difflib comparison with every key of the section) runs for at most this many unknown
+keys of one object: past that the object is not a config with typos, and a file with 200,000 unknown keys
+must not cost 200,000 x (keys of the section) string comparisons."""
+
+
+def _where(section: str) -> str:
+    return "at the top level" if section == "/" else f"under {section}"
+
+
+def _unknown_keys(value: dict, schema: dict, *, pointer: str, what: str) -> list[Finding]:
+    """DS101 for each key the object's schema does not have (DS111 for ``_comment``-style keys), with a
+    hint saying where the key belongs: another tool's name for it, the section that has it, the
+    section its children belong to, or a near miss here."""
+    props = schema.get("properties", {})
+    section = pointer or "the top level"
+    here = pointer or "/"
+    rejects = bool(what) or str(schema.get("x-dstk-parser", "")).startswith("pydantic")
+    lower = {k.lower(): k for k in props}
+    index = key_index()
+    accepts = f"remove it; {section} accepts: " + ", ".join(sorted(props)[:12]) + (", ..." if len(props) > 12 else "")
+    out = []
+    guesses = 0
+    for key in value:
+        if key in props:
+            continue
+        child = f"{pointer}/{key.replace('~', '~0').replace('/', '~1')}"
+        if key.startswith("_"):
+            out.append(_comment_key(key, child, section, rejects=rejects, what=what))
+            continue
+        guess = None
+        if key.lower() in lower:
+            guess = lower[key.lower()]
+        elif guesses < MAX_GUESSES_PER_OBJECT:
+            guesses += 1
+            guess = did_you_mean(key, props)
+        hint = None
+        if not what:
+            hint = _belongs_hint(key, value[key], here=here, index=index)
+        if hint is None and guess:
+            hint = f"did you mean '{guess}'?"
+        elif hint is not None and guess:
+            hint += f" (or did you mean '{guess}'?)"
+        if hint is None:
+            hint = accepts
+        if what:
+            msg = f"unknown {what} parameter '{key}': the constructor does not take it, so DeepSpeed fails at initialize"
+        elif not pointer:
+            msg = f"unknown top-level key '{key}': DeepSpeed silently ignores it, so the setting never applies"
+        else:
+            msg = f"unknown key '{key}' in {pointer}"
+        out.append(Finding(severity="error", code="DS101", pointer=child, message=msg, hint=hint))
+    return out
+
+
+def _belongs_hint(key: str, value, *, here: str, index: dict) -> str | None:
+    if key in FOREIGN_NAMES:
+        section, name, why = FOREIGN_NAMES[key]
+        return f"DeepSpeed calls it '{name}' {_where(section)} ({why}): write that instead"
+    elsewhere = [p for p in index.get(key, ()) if p != here]
+    if elsewhere:
+        places = " or ".join(_where(p) for p in elsewhere[:3])
+        return f"'{key}' belongs {places}: move it there"
+    if isinstance(value, dict) and value:
+        homes: dict[str, list[str]] = {}
+        for sub in value:
+            for p in index.get(sub, ()):
+                homes.setdefault(p, []).append(sub)
+        if homes:
+            best = max(homes, key=lambda p: (len(homes[p]), p == "/"))
+            if len(homes[best]) * 2 >= len(value):
+                keys = ", ".join(homes[best][:4])
+                return (f"'{key}' is not a DeepSpeed section; {keys} belong{'s' * (len(homes[best]) == 1)} "
+                        f"{_where(best)}: move {'it' if len(homes[best]) == 1 else 'them'} there and remove '{key}'")
+    return None
+
+
+def _comment_key(key: str, child: str, section: str, *, rejects: bool, what: str) -> Finding:
+    if rejects:
+        why = (f"the {what} constructor does not take it, so DeepSpeed fails at initialize" if what else
+               f"DeepSpeed parses {section} with a pydantic model that rejects unknown keys, comments included")
+        return Finding(severity="error", code="DS111", pointer=child,
+                       message=f"'{key}' looks like a comment, but {why}",
+                       hint="move the comment to the top level, where DeepSpeed ignores it, or remove it")
+    return Finding(severity="warning", code="DS111", pointer=child,
+                   message=f"'{key}' looks like a comment: DeepSpeed ignores keys it does not read here",
+                   hint="fine as a comment; `--ignore DS111` silences it")
+
+
+def _closest_branch(errors):
+    """The error of the ``anyOf`` branch the value came closest to: one of the right type (so ``0`` for
+    ``"auto" | integer >= 1`` reports the minimum, not "must be 'auto'"), else one not asking for a
+    constant, else the first."""
+    branches: dict = {}
+    for e in errors:
+        branches.setdefault(e.relative_schema_path[0] if e.relative_schema_path else 0, []).append(e)
+
+    def rank(item):
+        _, errs = item
+        return (any(e.validator == "type" for e in errs), any(e.validator in ("const", "enum") for e in errs))
+    return min(branches.items(), key=rank)[1][0]
 
 
 def _article(expected: str) -> str:
@@ -174,10 +282,9 @@ def _article(expected: str) -> str:
 
 def _is_number(text: str) -> bool:
     try:
-        float(text)
+        return math.isfinite(float(text))
     except ValueError:
         return False
-    return True
 
 
 def _pattern_choices(pattern: str) -> list[str] | None:

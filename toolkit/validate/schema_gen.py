@@ -292,8 +292,7 @@ def _plain_sections() -> dict:
         "checkpoint_serialization": _s(B, "Use torch's zipfile serialization.", True),
         "writer": writer,
     }, "Checkpointing. " + P)
-    dtype_enum = ["fp32", "fp16", "bf16", "float32", "float16", "bfloat16", "float", "half", "bfloat",
-                  "torch.float32", "torch.float16", "torch.bfloat16"]
+    dtype_enum = _dtype_names()
     data_types = _obj({
         c.GRAD_ACCUM_DTYPE: _s([S, "null"], "dtype of gradient accumulation buffers (resolved at initialize).", None,
                                enum=dtype_enum + [None]),
@@ -396,6 +395,18 @@ def _plain_sections() -> dict:
     }
 
 
+def _dtype_names() -> list[str]:
+    """The strings ``deepspeed.runtime.config.DtypeEnum(value)`` accepts (``runtime/config.py:144-162``: its
+    ``__new__`` registers every alias in ``_value2member_map_``), used by ``torch_autocast.dtype``
+    (``get_torch_autocast_dtype``) and ``data_types.*_dtype`` (resolved at initialize). "bfloat" is not one
+    (``inference.config.DtypeEnum`` has it, the training config's does not). int8 is left out: DeepSpeed
+    accepts the name, but torch.autocast only runs in a float dtype, and int8 parameters cannot train."""
+    from deepspeed.runtime.config import DtypeEnum
+
+    return [name for name, member in DtypeEnum._value2member_map_.items()
+            if isinstance(name, str) and member is not DtypeEnum.int8]
+
+
 def _top_scalars() -> dict:
     from deepspeed.runtime import constants as c
 
@@ -447,8 +458,9 @@ def _param_schema(name: str, param: inspect.Parameter) -> dict:
         kind = [I, N] if name in ("lr", "weight_decay", "eps", "momentum", "dampening") else I
     elif isinstance(default, float):
         kind = N
-    elif isinstance(default, (tuple, list)):
-        return _s("array", doc, list(default), items={"type": N})
+    elif isinstance(default, (tuple, list)):  # betas=(0.9, 0.999): the constructor unpacks exactly that many
+        item = {"type": [N, "null"]} if None in default else {"type": N}  # Adafactor's eps=(None, 1e-3)
+        return _s("array", doc, list(default), items=item, minItems=len(default), maxItems=len(default))
     elif isinstance(default, str):
         kind = S
     elif "lr" in name or "mom" in name or name in ("eps", "betas", "weight_decay"):
@@ -559,6 +571,32 @@ def _schedulers() -> tuple[dict, dict]:
     return defs, {"deepspeed": ds_names, "torch": torch_names}
 
 
+def _zenflow_validator() -> dict:
+    """What ``ZenFlowConfig.validate_fields`` (``deepspeed/runtime/zenflow/zenflow_config.py:52-65``, a
+    pydantic model validator the field annotations do not show) accepts: ``select_strategy`` one of
+    "auto", "step", "epoch"; ``select_interval`` "auto" or an integer; ``update_interval`` "auto" or an
+    integer >= 1. The source is checked here so that a changed validator breaks the generator."""
+    from deepspeed.runtime.zenflow.zenflow_config import ZenFlowConfig
+
+    source = inspect.getsource(ZenFlowConfig.validate_fields)
+    for needle in ('["auto", "step", "epoch"]', 'self.select_interval != "auto"', 'self.update_interval != "auto"',
+                   "self.update_interval < 1"):
+        if needle not in source:
+            raise SystemExit(f"schema_gen: ZenFlowConfig.validate_fields changed ({needle!r} is gone); update "
+                             "_zenflow_validator")
+    fields = ZenFlowConfig.model_fields
+    docs = _attribute_docs(ZenFlowConfig)
+
+    def field(name: str, **rule) -> dict:
+        return {"description": fields[name].description or docs.get(name, ""), "default": fields[name].default, **rule}
+
+    return {
+        "select_strategy": field("select_strategy", type=S, enum=["auto", "step", "epoch"]),
+        "select_interval": field("select_interval", anyOf=[{"const": "auto"}, {"type": I}]),
+        "update_interval": field("update_interval", anyOf=[{"const": "auto"}, {"type": I, "minimum": 1}]),
+    }
+
+
 # ---------------------------------------------------------------------------- the whole document
 
 
@@ -580,6 +618,7 @@ def build_schema() -> dict:
     zero = model_schema(DeepSpeedZeroConfig, "ZeRO redundancy optimizer: stages 0-3, offload, ZeRO++. "
                         "Also accepts the legacy form true/false (stage 1/0).")
     zero["type"] = ["object", "boolean"]
+    zero["properties"]["zenflow"]["properties"].update(_zenflow_validator())
     bf16 = model_schema(DeepSpeedBF16Config, "bfloat16 mixed precision.")
     opt_defs, opt_names = _optimizers()
     sched_defs, sched_names = _schedulers()
@@ -611,6 +650,8 @@ def build_schema() -> dict:
         "weight_quantization": model_schema(WeightQuantConfig),
     })
     props.update(_plain_sections())
+    props["$schema"] = _s(S, "Where editors find this schema (e.g. the output of `dstk schema`); DeepSpeed "
+                          "ignores it.", format="uri-reference")
     props["timers"]["properties"]["throughput"] = model_schema(DeepSpeedThroughputTimerConfig)
     props = dict(sorted(props.items()))
     return {
