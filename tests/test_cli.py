@@ -33,3 +33,18 @@ def test_cli_import_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"importing the CLI pulled in: {out.stdout.strip()}"
+
+
+def test_a_bug_exits_3_and_says_how_to_report_it(monkeypatch, capsys):
+    """An exception dstk did not expect is its own fault, not the input's: exit 3, not 1."""
+    import dstk.commands.models as command
+
+    def broken(args):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(command, "run", broken)
+    assert main(["models"]) == 3
+    err = capsys.readouterr().err
+    assert err.startswith("internal error (a bug in dstk") and "--debug" in err and "Traceback" not in err
+    with pytest.raises(KeyError):
+        main(["models", "--debug"])

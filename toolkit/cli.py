@@ -19,7 +19,7 @@ import importlib.util
 import sys
 
 from dstk import __version__
-from dstk.errors import EXIT_INVALID, EXIT_USAGE, DstkError
+from dstk.errors import EXIT_INTERNAL, EXIT_USAGE, DstkError
 
 # Order is the order shown in --help. A module that does not exist yet is simply not offered.
 COMMANDS = (
@@ -99,11 +99,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(
-            f"internal error: {type(exc).__name__}: {exc}\n"
-            "  fix: rerun with --debug for the traceback and report it",
+            f"internal error (a bug in dstk {__version__}, not in your input): {type(exc).__name__}: {exc}\n"
+            "  fix: rerun with --debug and report the traceback, the command line and the input files",
             file=sys.stderr,
         )
-        return EXIT_INVALID
+        return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

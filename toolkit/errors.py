@@ -9,6 +9,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_INVALID = 1  # the input was read and is wrong (an invalid config, a plan that does not fit)
 EXIT_USAGE = 2  # the command line is wrong or a path cannot be read
+EXIT_INTERNAL = 3  # a bug in dstk (not the input's fault): report it
 
 
 class DstkError(Exception):
