@@ -90,6 +90,9 @@ def test_a_warm_up_longer_than_the_run_is_clipped_and_said():
     assert any("warmup_num_steps 100 -> 4" in n for n in notes), notes
     out, notes = effective_config(base, num_steps=1000, metrics_dir="m")
     assert out["scheduler"]["params"]["warmup_num_steps"] == 100 and not any("warmup" in n for n in notes)
+    # Under 10 steps a tenth is 0, which DeepSpeed's warm-up schedulers reject: 1 step.
+    out, notes = effective_config(base, num_steps=5, metrics_dir="m")
+    assert out["scheduler"]["params"]["warmup_num_steps"] == 1 and any("100 -> 1 " in n for n in notes)
 
 
 @pytest.fixture(scope="module")

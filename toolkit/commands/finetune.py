@@ -48,6 +48,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trainer", choices=["native", "hf"], default="native",
                         help="native: dstk's loop on the DeepSpeed engine; hf: transformers' Trainer with the "
                              "run directory's ds_config.hf.json")
+    lora = parser.add_argument_group("LoRA (peft): adapters on a frozen base; only they train")
+    lora.add_argument("--lora-rank", type=int, metavar="R", help="train LoRA adapters of rank R (e.g. 8)")
+    lora.add_argument("--lora-alpha", type=float, metavar="A", help="scale numerator, update = A/R * BA (default 2R)")
+    lora.add_argument("--lora-targets", metavar="all-linear|q,k,v,o,...",
+                      help="modules to adapt: all-linear (default), attention, mlp, or names such as q,v / "
+                           "gate,up,down / q_proj (the family's module names; a wrong one lists them)")
+    lora.add_argument("--lora-dropout", type=float, metavar="P", help="dropout on the adapters' input, in [0, 1) (default 0)")
+    lora.add_argument("--lora-bits", type=int, choices=[4], help="4: QLoRA, NF4 base weights (bitsandbytes, CUDA only)")
+    lora.add_argument("--merge", action="store_true",
+                      help="also write the base with the adapters merged into OUTPUT/model (the adapter always "
+                           "goes to OUTPUT/adapter)")
     parser.add_argument("--master-port", type=int, help="rendezvous port (default: a free one)")
     parser.add_argument("--prepare-only", action="store_true",
                         help="check and prepare everything, print the spec file, start nothing")
@@ -136,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
         epochs=args.epochs, eval_split=args.eval_split, text_field=args.text_field, prompt_field=args.prompt_field,
         response_field=args.response_field, seed=args.seed, save_every=args.save_every, eval_every=args.eval_every,
         log_every=args.log_every, ranks=args.ranks, resume=args.resume, trainer=args.trainer,
+        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
+        lora_targets=args.lora_targets, lora_bits=args.lora_bits, merge=args.merge,
     )
     spec_path = prepare(req)
     if args.prepare_only:

@@ -44,6 +44,16 @@ class FinetuneRequest:
     resume: bool = False
     trainer: str = "native"
     """``native``: dstk's loop on the DeepSpeed engine; ``hf``: transformers' Trainer with ds_config.hf.json."""
+    lora_rank: int | None = None
+    """``--lora-rank``: train LoRA adapters of this rank on a frozen base (None: a full fine-tune)."""
+    lora_alpha: float | None = None
+    lora_dropout: float | None = None
+    lora_targets: str | None = None
+    """``--lora-targets``: comma-separated names (``dstk.train.lora.target_names``) or ``all-linear``."""
+    lora_bits: int | None = None
+    """4: QLoRA (bitsandbytes NF4 base weights; CUDA only)."""
+    merge: bool = False
+    """With LoRA: also write the merged model to OUTPUT/model."""
 
 
 def precision_of(config: dict) -> str:
@@ -75,10 +85,11 @@ def effective_config(config: dict, *, num_steps: int, metrics_dir: str) -> tuple
                      f"(the run's step count, so the schedule ends with the run)")
         params["total_num_steps"] = num_steps
     warm = params.get("warmup_num_steps")
-    if isinstance(warm, int) and not isinstance(warm, bool) and warm >= num_steps:
-        # A warm-up as long as the run would leave the learning rate below its peak throughout (and
-        # WarmupDecayLR rejects it): clip it to a tenth of the run, and say so.
-        clipped = num_steps // 10
+    # A warm-up as long as the run would leave the learning rate below its peak throughout: clip it
+    # to a tenth of the run, and say so; at least 1 (WarmupCosineLR and WarmupDecayLR raise on 0,
+    # deepspeed/runtime/lr_schedules.py:734 and :875), so a run under 10 steps warms up for 1.
+    clipped = max(1, num_steps // 10)
+    if isinstance(warm, int) and not isinstance(warm, bool) and warm >= num_steps and warm != clipped:
         notes.append(f"scheduler.params.warmup_num_steps {warm} -> {clipped} (the plan warms up for {warm} "
                      f"steps but the run has {num_steps}: a tenth of the run; plan --warmup-steps to choose)")
         params["warmup_num_steps"] = clipped
@@ -125,6 +136,7 @@ def prepare(req: FinetuneRequest, *, log=lambda s: print(s, file=sys.stderr)) ->
         if req.steps is not None and req.steps != spec.num_steps:
             raise DstkError(f"--steps {req.steps} differs from the run being resumed ({spec.num_steps})",
                             hint="drop --steps to resume as planned, or start a new --output")
+        _check_resume_lora(req, spec)
         log(f"resuming with the settings in {spec_path}")
         spec = dataclasses.replace(spec, resume=True)
         spec.dump(spec_path)
@@ -147,6 +159,29 @@ def prepare(req: FinetuneRequest, *, log=lambda s: print(s, file=sys.stderr)) ->
         else:
             shutil.rmtree(out, ignore_errors=True)
         raise
+
+
+def _lora_settings(req: FinetuneRequest, *, family: str):
+    from dstk.train.lora import settings_from_flags
+
+    if req.merge and req.lora_rank is None:
+        raise UsageError("--merge without --lora-rank", hint="--merge folds LoRA adapters into the base; a full "
+                         "fine-tune's OUTPUT/model is already the whole model")
+    return settings_from_flags(family=family, rank=req.lora_rank, alpha=req.lora_alpha, dropout=req.lora_dropout,
+                               targets=req.lora_targets, bits=req.lora_bits)
+
+
+def _check_resume_lora(req: FinetuneRequest, spec: TrainSpec) -> None:
+    """--resume takes the run's LoRA settings from finetune.json; flags that say otherwise are refused."""
+    given = req.lora_rank is not None or req.merge or any(
+        v is not None for v in (req.lora_alpha, req.lora_dropout, req.lora_targets, req.lora_bits))
+    if not given:
+        return
+    family = json.loads((Path(spec.model_source) / "config.json").read_text(encoding="utf-8"))["model_type"]
+    wanted = _lora_settings(req, family=family)
+    if wanted != spec.lora or req.merge != spec.merge:
+        raise DstkError("the LoRA flags differ from the run being resumed (its settings are in finetune.json)",
+                        hint="drop the --lora-* and --merge flags to resume as the run started, or start a new --output")
 
 
 def _plan_into(intent_path: str | None, run_dir: Path, *, log) -> Path:
@@ -174,6 +209,39 @@ def _plan_into(intent_path: str | None, run_dir: Path, *, log) -> Path:
     return run_dir
 
 
+def _describe_lora(lora, *, cfg: dict) -> str:
+    """One line: the adapters, and their parameter count next to the base's (``lora_size``)."""
+    from dstk.models import family_module
+    from dstk.train.lora_size import num_lora_params
+
+    model = family_module(str(cfg["model_type"])).read(cfg, name="model")
+    count = num_lora_params(model=model, rank=lora.rank, targets=lora.targets)
+    qlora = ", 4-bit base (QLoRA)" if lora.bits else ""
+    return (f"LoRA: rank {lora.rank}, alpha {lora.alpha:g}, dropout {lora.dropout:g} on "
+            f"{', '.join(lora.targets)}{qlora}: {count:,} trainable parameters "
+            f"({100 * count / model.num_params:.2f}% of the frozen {model.num_params:,})")
+
+
+def _check_lora_layout(req: FinetuneRequest, lora, *, tp: int, pp: int, zero_stage: int, pretrained: bool) -> None:
+    """LoRA runs on the native loop over data parallelism and ZeRO 0-3 (frozen base weights are
+    partitioned by ZeRO-3 like the rest); the pipeline engine and AutoTP rebuild the model's
+    layers and do not know peft's LoRA layers."""
+    from dstk.train.lora import check_qlora
+
+    if req.trainer != "native":
+        raise DstkError("--lora-rank runs on the native trainer only", hint="drop --trainer hf")
+    if pp > 1 or tp > 1:
+        raise DstkError(f"LoRA with {'pipeline' if pp > 1 else 'tensor'} parallelism (pp {pp}, tp {tp}) is not "
+                        "supported: DeepSpeed's pipeline engine and AutoTP rebuild the layers peft wraps",
+                        hint="plan with --tp 1 --pp 1 and ZeRO-3 to spread the frozen base (dstk finetune ... "
+                             "--tp 1 --pp 1 --zero 3)")
+    check_qlora(lora, pretrained=pretrained)
+    if lora.bits and zero_stage == 3:
+        raise DstkError("--lora-bits 4 with ZeRO-3: DeepSpeed cannot partition bitsandbytes' 4-bit weights",
+                        hint="plan with --zero 2 (the 4-bit base is a quarter of the bf16 size; the adapters are "
+                             "what ZeRO shards)")
+
+
 def _prepare_new(req: FinetuneRequest, out: Path, *, log) -> Path:
     from dstk.train import data as D
     from dstk.train import model as M
@@ -184,6 +252,11 @@ def _prepare_new(req: FinetuneRequest, out: Path, *, log) -> Path:
     tp, pp = int(layout.get("tp", 1)), int(layout.get("pp", 1))
     seq_len = int(plan["training"]["seq_len"])
     cfg, local_dir = M.resolve_config(req.model, plan=plan, seq_len=seq_len)
+    lora = _lora_settings(req, family=str(cfg["model_type"]))
+    if lora is not None:
+        _check_lora_layout(req, lora, tp=tp, pp=pp, zero_stage=int((config.get("zero_optimization") or {}).get("stage", 0)),
+                           pretrained=bool(local_dir and M.has_weights(local_dir)))
+        log(_describe_lora(lora, cfg=cfg))
     ds = D.load_records(list(req.data), text_field=req.text_field, prompt_field=req.prompt_field,
                         response_field=req.response_field)
     if req.steps is not None and req.epochs is not None:
@@ -265,7 +338,7 @@ def _prepare_new(req: FinetuneRequest, out: Path, *, log) -> Path:
         num_steps=int(steps), seed=req.seed, tp=tp, pp=pp, world_size=dp * tp * pp,
         precision=precision_of(config), save_every=req.save_every, eval_every=req.eval_every,
         log_every=req.log_every, resume=False, trainer=req.trainer, run_dir=str(Path(req.run_dir).resolve()),
-        hf_ds_config=str(hf_config_path.resolve()) if hf_config_path else None,
+        hf_ds_config=str(hf_config_path.resolve()) if hf_config_path else None, lora=lora, merge=req.merge,
     )
     spec.dump(spec_path)
     return spec_path

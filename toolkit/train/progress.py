@@ -25,7 +25,8 @@ def format_progress(*, step: int, num_steps: int, loss: float, tokens_per_second
 
 
 def format_summary(*, num_steps: int, first_loss: float, last_loss: float, eval_loss: float | None,
-                   tokens: int, elapsed_seconds: float, export_dir: str | None, checkpoint: str | None) -> str:
+                   tokens: int, elapsed_seconds: float, export_dir: str | None, checkpoint: str | None,
+                   adapter_dir: str | None = None, base_dir: str | None = None) -> str:
     import math
 
     lines = [f"trained {num_steps} steps in {elapsed_seconds:.1f} s "
@@ -34,6 +35,10 @@ def format_summary(*, num_steps: int, first_loss: float, last_loss: float, eval_
         lines.append(f"eval loss {eval_loss:.4f}, perplexity {math.exp(min(eval_loss, 50)):.2f}")
     if checkpoint:
         lines.append(f"checkpoint: {checkpoint}")
+    if adapter_dir:
+        lines.append(f"LoRA adapter: {adapter_dir}  (peft's AutoPeftModelForCausalLM.from_pretrained loads it "
+                     f"with its base{': ' + base_dir if base_dir else ''})")
     if export_dir:
-        lines.append(f"exported HF model: {export_dir}  (AutoModelForCausalLM.from_pretrained loads it)")
+        merged = "merged " if adapter_dir else ""
+        lines.append(f"exported {merged}HF model: {export_dir}  (AutoModelForCausalLM.from_pretrained loads it)")
     return "\n".join(lines)

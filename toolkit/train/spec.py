@@ -7,6 +7,8 @@ import json
 import os
 from pathlib import Path
 
+from dstk.train.lora import LoraSettings
+
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
 class TrainSpec:
@@ -41,6 +43,10 @@ class TrainSpec:
     """The run directory (plan.json, ds_config.json) the ranks are launched from."""
     hf_ds_config: str | None = None
     """For ``trainer == "hf"``: the run directory's ``ds_config.hf.json`` plus the csv monitor."""
+    lora: LoraSettings | None = None
+    """LoRA adapters on a frozen base (``--lora-rank``); None: every weight trains."""
+    merge: bool = False
+    """With ``lora``: also export the base with the adapters merged into OUTPUT/model."""
 
     def __post_init__(self) -> None:
         for name in ("num_steps", "world_size", "tp", "pp", "log_every"):
@@ -51,6 +57,8 @@ class TrainSpec:
                 raise ValueError(f"{name}: expected >= 0, got {getattr(self, name)}")
         if self.trainer not in ("native", "hf"):
             raise ValueError(f"trainer: expected native|hf, got {self.trainer!r}")
+        if self.merge and self.lora is None:
+            raise ValueError("merge: only with lora (a full fine-tune's export is already merged)")
         if self.precision not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"precision: expected bf16|fp16|fp32, got {self.precision!r}")
 
@@ -61,4 +69,7 @@ class TrainSpec:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "TrainSpec":
-        return cls(**json.loads(Path(path).read_text(encoding="utf-8")))
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        if data.get("lora") is not None:
+            data["lora"] = LoraSettings.from_json(data["lora"])
+        return cls(**data)

@@ -48,10 +48,40 @@ def build_model(spec: TrainSpec):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(spec.seed)  # the same random init on every rank (ZeRO/TP shard one model)
+    if spec.lora is not None and spec.lora.bits == 4:
+        return _qlora_base(spec)
     if spec.pretrained:
-        return AutoModelForCausalLM.from_pretrained(spec.model_source, dtype=torch.float32)
-    config = AutoConfig.from_pretrained(spec.model_source)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(spec.model_source, dtype=torch.float32)
+    else:
+        config = AutoConfig.from_pretrained(spec.model_source)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if spec.lora is not None:
+        from dstk.train import lora
+
+        # After the base's init, so the base is the same as a full fine-tune's with this seed; the
+        # adapters' A matrices take the next draws of the (seeded, identical) RNG on every rank.
+        model = lora.apply(model, spec.lora)
+    return model
+
+
+def _qlora_base(spec: TrainSpec):
+    """QLoRA (Dettmers et al. 2023): the base loaded in 4-bit NF4 with double quantization and
+    compute in the run's precision, prepared for k-bit training (peft), then the adapters.
+    The parent has checked CUDA, bitsandbytes and real weights. Untested here: no GPU."""
+    import torch
+    from peft import prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    from dstk.train import lora
+
+    compute = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec.precision]
+    quant = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                               bnb_4bit_compute_dtype=compute)
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    model = AutoModelForCausalLM.from_pretrained(spec.model_source, quantization_config=quant, dtype=compute,
+                                                 device_map={"": local})
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    return lora.apply(model, spec.lora)
 
 
 def _all_mean(value: float) -> float:
@@ -123,22 +153,88 @@ def export(engine, model_cls_config, spec: TrainSpec, *, rank: int) -> str | Non
     return _publish_model(spec, tmp)
 
 
-def _publish_model(spec: TrainSpec, tmp: Path) -> str:
-    """Move a finished export into OUTPUT/model; an older export is replaced only once the new one is whole."""
+def _publish_model(spec: TrainSpec, tmp: Path, *, name: str = "model") -> str:
+    """Move a finished export into OUTPUT/<name>; an older export is replaced only once the new one is whole."""
     import shutil
 
     from transformers import AutoTokenizer
 
     AutoTokenizer.from_pretrained(spec.tokenizer_dir).save_pretrained(str(tmp))
-    target = Path(spec.output_dir) / "model"
+    target = Path(spec.output_dir) / name
     if target.exists():
-        old = target.with_name(f".model-old-{os.getpid()}")
+        old = target.with_name(f".{name}-old-{os.getpid()}")
         os.rename(target, old)
         os.rename(tmp, target)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, target)
     return str(target)
+
+
+def export_lora(engine, model_config, spec: TrainSpec, *, rank: int) -> dict | None:
+    """Rank 0: the trained adapters as ``save_pretrained`` of the PEFT model in OUTPUT/adapter;
+    for a random-init base (nothing else holds it) the base in OUTPUT/base; with ``merge`` the
+    base with the adapters folded in (``merge_and_unload``) in OUTPUT/model. All in the run's
+    precision (the engine's weights): one model on rank 0, not an fp32 copy of a large base.
+
+    The adapter's ``base_model_name_or_path`` is the base's absolute path (OUTPUT/base or the
+    ``--model`` directory), so peft's ``AutoPeftModelForCausalLM.from_pretrained(OUTPUT/adapter)``
+    loads both. ZeRO-3 partitions (frozen ones included) are gathered as for a full export."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dstk.train import lora
+
+    if engine.zero_optimization_stage() == 3:
+        state = engine._consolidated_16bit_state_dict()  # collective: every rank calls it
+    else:
+        state = engine.module.state_dict() if rank == 0 else None
+    if rank != 0:
+        return None
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec.precision]
+    out = Path(spec.output_dir)
+    written = {}
+    if spec.pretrained:
+        base_path = spec.model_source
+    else:
+        base_state = {k.removeprefix("base_model.model.").replace(".base_layer.", "."): v
+                      for k, v in state.items() if not lora.is_adapter_key(k)}
+        base = AutoModelForCausalLM.from_config(model_config, dtype=dtype)
+        _load_exact(base, {k: v.to(dtype) for k, v in base_state.items()})
+        tmp = Path(tempfile.mkdtemp(prefix=".base-", dir=out))
+        base.save_pretrained(str(tmp))
+        del base
+        base_path = written["base_dir"] = _publish_model(spec, tmp, name="base")
+    if spec.lora.bits:
+        # QLoRA: the engine's base is 4-bit; the adapters go onto the full-precision source weights
+        # (the usual way to merge a QLoRA adapter). Untested here: no GPU.
+        model = lora.apply(AutoModelForCausalLM.from_pretrained(spec.model_source, dtype=dtype), spec.lora)
+        missing, unexpected = model.load_state_dict(
+            {k: v.to(dtype) for k, v in state.items() if lora.is_adapter_key(k)}, strict=False)
+        if unexpected or any(lora.is_adapter_key(k) for k in missing):
+            raise RuntimeError(f"export: adapter weights do not match: missing {missing}, unexpected {unexpected}")
+    else:
+        model = lora.apply(AutoModelForCausalLM.from_config(model_config, dtype=dtype), spec.lora)
+        _load_exact(model, {k: v.to(dtype) for k, v in state.items()})
+    written["base_model"] = model.peft_config["default"].base_model_name_or_path = str(Path(base_path).resolve())
+    tmp = Path(tempfile.mkdtemp(prefix=".adapter-", dir=out))
+    model.save_pretrained(str(tmp))
+    written["adapter_dir"] = _publish_model(spec, tmp, name="adapter")
+    if spec.merge:
+        merged = model.merge_and_unload()
+        tmp = Path(tempfile.mkdtemp(prefix=".model-", dir=out))
+        merged.save_pretrained(str(tmp))
+        written["model_dir"] = _publish_model(spec, tmp)
+    return written
+
+
+def _load_exact(model, state: dict) -> None:
+    """``load_state_dict`` that tolerates only a tied lm_head missing."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    missing = [k for k in missing if not (tied and "lm_head" in k)]
+    if missing or unexpected:
+        raise RuntimeError(f"export: state dict does not match the model: missing {missing}, unexpected {unexpected}")
 
 
 def export_pipeline(spec: TrainSpec, *, rank: int, step: int) -> str | None:
@@ -177,7 +273,14 @@ def main(argv: list[str]) -> int:
         from dstk.models import to_pipeline
 
         model = to_pipeline(model, num_stages=spec.pp, seq_len=seq_len)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=[p for p in model.parameters()], config=config)
+    # Only trainable parameters go to the optimizer: with LoRA the frozen base gets no gradients, no
+    # optimizer state and no fp32 master copy (ZeRO-3 still partitions it with the rest of the module).
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if spec.lora is not None and rank == 0:
+        total = sum(p.numel() for p in model.parameters())
+        count = sum(p.numel() for p in trainable)
+        _say(f"LoRA: {count:,} trainable parameters of {total:,} ({100 * count / total:.2f}%); the base is frozen")
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable, config=config)
     micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     dp = world // (spec.tp * spec.pp)
     # AutoTP groups are consecutive ranks; a pipeline's data-parallel rank comes from its grid.
@@ -263,8 +366,14 @@ def main(argv: list[str]) -> int:
         with torch.no_grad():
             probe_out["logits"] = engine(input_ids=head).logits.float().cpu()
         probe_out["logits_input_ids"] = head.cpu()
+    written = None
     if spec.pp > 1:
         out = export_pipeline(spec, rank=rank, step=spec.num_steps)
+    elif spec.lora is not None:
+        from transformers import AutoConfig
+
+        written = export_lora(engine, AutoConfig.from_pretrained(spec.model_source), spec, rank=rank)
+        out = written and written.get("model_dir", written["adapter_dir"])
     else:
         from transformers import AutoConfig
 
@@ -274,7 +383,7 @@ def main(argv: list[str]) -> int:
         summary = {"steps": spec.num_steps, "start_step": start, "first_loss": first, "last_loss": last,
                    "eval_loss": ev, "eval_perplexity": None if ev is None else math.exp(min(ev, 50)),
                    "tokens": tokens_per_step * (spec.num_steps - start), "seconds": elapsed,
-                   "export_dir": out, "checkpoint": last_ckpt,
+                   "export_dir": out, "checkpoint": last_ckpt, **(written or {}),
                    # On a GPU: the allocator's peak on rank 0 (what dstk estimate predicts per GPU).
                    "peak_memory_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None}
         from dstk.launch.run import write_atomic
@@ -282,8 +391,9 @@ def main(argv: list[str]) -> int:
         write_atomic(Path(spec.output_dir) / "summary.json", json.dumps(summary, indent=2) + "\n")
         if first is not None:
             _say(format_summary(num_steps=spec.num_steps - start, first_loss=first, last_loss=last, eval_loss=ev,
-                                tokens=summary["tokens"], elapsed_seconds=elapsed, export_dir=out,
-                                checkpoint=last_ckpt))
+                                tokens=summary["tokens"], elapsed_seconds=elapsed,
+                                export_dir=written.get("model_dir") if written else out, checkpoint=last_ckpt,
+                                adapter_dir=(written or {}).get("adapter_dir"), base_dir=(written or {}).get("base_model")))
     dist.barrier()
     engine.destroy()
     dist.destroy_process_group()
