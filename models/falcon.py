@@ -53,7 +53,8 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
     return ModelSpec(
         name=name, family=FAMILY, num_layers=first(cfg, "num_hidden_layers", "n_layer", default=32), hidden_size=h,
         num_heads=heads, num_kv_heads=kv, head_dim=head_dim, vocab_size=vocab, ffn_hidden_size=ffn,
-        seq_len=cfg.get("max_position_embeddings", 2048), tied_embeddings=tied, gated_mlp=False, norm="layernorm", activation="gelu",
+        seq_len=cfg.get("max_position_embeddings", 2048), tied_embeddings=tied, gated_mlp=False, norm="layernorm",
+        activation="gelu",
         rotary=not cfg.get("alibi", False), dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
         embedding_tensors=(vocab * h,), layer_tensors=layer, final_tensors=norm(h, bias=True),
         lm_head_tensors=() if tied else linear(h, vocab, False), hf_config=dict(cfg),

@@ -138,13 +138,34 @@ class ModelSpec:
     @classmethod
     def generic(cls, *, num_layers: int, hidden_size: int, num_heads: int, vocab_size: int,
                 ffn_hidden_size: int | None = None, num_kv_heads: int | None = None,
-                seq_len: int | None = None) -> "ModelSpec":
-        """A Llama-architecture decoder from its dimensions (see ``dstk.models.generic``)."""
-        from dstk.models import generic
+                seq_len: int | None = None, name: str = "generic") -> "ModelSpec":
+        """A decoder from its dimensions alone (``--num-layers --hidden-size ...``).
 
-        return generic.build(num_layers=num_layers, hidden_size=hidden_size, num_heads=num_heads,
-                             vocab_size=vocab_size, ffn_hidden_size=ffn_hidden_size,
-                             num_kv_heads=num_kv_heads, seq_len=seq_len)
+        It is given the Llama architecture (RMSNorm, rotary, SwiGLU, grouped-query attention, no
+        biases, untied lm_head): most decoders trained today look like it, and it can be built as a
+        real ``LlamaForCausalLM``. Without ``ffn_hidden_size`` the MLP width follows Llama's rule
+        (``default_ffn``). Defined here rather than in a family file so that this module imports no
+        family: the families import it.
+        """
+        for key, value in (("num_layers", num_layers), ("hidden_size", hidden_size), ("num_heads", num_heads),
+                           ("vocab_size", vocab_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{key}: expected a positive integer, got {value!r}")
+        if hidden_size % num_heads:
+            raise ValueError(f"num_heads: hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+        cfg = {"model_type": "llama", "hidden_size": hidden_size, "num_hidden_layers": num_layers,
+               "num_attention_heads": num_heads, "num_key_value_heads": num_kv_heads or num_heads,
+               "intermediate_size": ffn_hidden_size or default_ffn(hidden_size), "vocab_size": vocab_size,
+               "max_position_embeddings": seq_len or 4096, "tie_word_embeddings": False}
+        spec = llama_like(cfg, name=name, family="generic", qkv_bias=False, o_bias=False)
+        return spec if seq_len is not None else dataclasses.replace(spec, seq_len=None, hf_config=spec.hf_config)
+
+
+def default_ffn(hidden_size: int, multiple: int = 256) -> int:
+    """Llama's SwiGLU width, ``multiple * ceil((8h/3) / multiple)`` (Touvron et al. 2023): it keeps
+    the MLP at ~8h^2 parameters like a GPT ``4h`` MLP."""
+    width = int(8 * hidden_size / 3)
+    return multiple * ((width + multiple - 1) // multiple)
 
 
 def first(cfg: dict, *keys: str, default=None):
@@ -153,3 +174,45 @@ def first(cfg: dict, *keys: str, default=None):
         if cfg.get(key) is not None:
             return cfg[key]
     return default
+
+
+def llama_like(cfg: dict, *, name: str, family: str, qkv_bias: bool, o_bias: bool, mlp_bias: bool = False,
+               qk_norm: bool = False, tied_default: bool = False, num_experts: int = 1,
+               experts_per_token: int = 1) -> ModelSpec:
+    """A spec for any Llama-shaped decoder; the family decides the biases, QK-norm, tying and MoE.
+
+    One layer: RMSNorm, q/k/v/o projections (grouped-query when ``num_key_value_heads`` <
+    ``num_attention_heads``; ``head_dim`` may differ from ``hidden / heads``), optional RMSNorms
+    over ``head_dim`` on q and k, RMSNorm, SwiGLU MLP (gate, up, down); tensor list as in
+    ``transformers/models/llama/modeling_llama.py``. MoE (Mixtral): the MLP becomes a router
+    ``hidden x experts`` plus per-expert SwiGLU weights, stored fused by transformers 5 as
+    ``gate_up_proj [E, 2f, h]`` and ``down_proj [E, h, f]``.
+    """
+    h = cfg["hidden_size"]
+    heads = cfg["num_attention_heads"]
+    kv = first(cfg, "num_key_value_heads", default=heads)
+    head_dim = first(cfg, "head_dim", default=h // heads)
+    ffn = cfg["intermediate_size"]
+    vocab = cfg["vocab_size"]
+    tied = bool(cfg.get("tie_word_embeddings", tied_default))
+    q, k = heads * head_dim, kv * head_dim
+    attn = linear(h, q, qkv_bias) + linear(h, k, qkv_bias) + linear(h, k, qkv_bias) + linear(q, h, o_bias)
+    if qk_norm:
+        attn += norm(head_dim, bias=False) * 2
+    if num_experts > 1:
+        expert = (2 * ffn * h, h * ffn)
+        mlp = linear(h, num_experts, False) + (num_experts * expert[0], num_experts * expert[1])
+    else:
+        expert = ()
+        mlp = linear(h, ffn, mlp_bias) * 2 + linear(ffn, h, mlp_bias)
+    layer = norm(h, bias=False) + attn + norm(h, bias=False) + mlp
+    return ModelSpec(
+        name=name, family=family, num_layers=cfg["num_hidden_layers"], hidden_size=h, num_heads=heads,
+        num_kv_heads=kv, head_dim=head_dim, vocab_size=vocab, ffn_hidden_size=ffn,
+        seq_len=cfg.get("max_position_embeddings"), tied_embeddings=tied, gated_mlp=True, norm="rmsnorm",
+        num_experts=num_experts, experts_per_token=experts_per_token,
+        activation=cfg.get("hidden_act", "silu"), dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
+        embedding_tensors=(vocab * h,), layer_tensors=layer, expert_tensors=expert,
+        final_tensors=norm(h, bias=False), lm_head_tensors=() if tied else linear(h, vocab, False),
+        hf_config=dict(cfg),
+    )

@@ -112,3 +112,65 @@ def test_spec_is_frozen_and_checked():
         spec.num_layers = 3
     with pytest.raises(ValueError, match="num_kv_heads"):
         dataclasses.replace(spec, num_kv_heads=5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_module_names_are_the_real_models(family):
+    """MODULES (LoRA targets, pipeline cuts) names what the transformers model has, and every
+    weight-holding module of a layer is named (Qwen3's q_norm/k_norm included)."""
+    import torch
+    import transformers
+
+    module = family_module(family)
+    keys = two_layers(next(iter(module.PRESETS.values())))
+    model_type = keys.pop("model_type")
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(model_type, **keys))
+    names = {n for n, _ in model.named_modules()} | {n for n, _ in model.named_parameters()}
+    mods = module.MODULES
+
+    def paths(value):
+        return (value,) if isinstance(value, str) else tuple(value)
+
+    top = [p for key in ("embed", "layers", "final_norm", "lm_head") for p in paths(mods[key])]
+    optional = {"model.decoder.project_in", "model.decoder.project_out", "model.decoder.final_layer_norm",
+                "transformer.word_embeddings_layernorm", "transformer.wpe"}  # present in some configs only
+    assert [p for p in top if p not in names and p not in optional] == []
+    layer = f"{paths(mods['layers'])[0]}.0."
+    inner = [p for key in ("attention", "mlp", "norms") for p in paths(mods[key])]
+    listed = {p for p in inner if layer + p in names}
+    assert listed, inner
+    params = [n.removeprefix(layer) for n, _ in model.named_parameters() if n.startswith(layer)]
+    assert [p for p in params if p not in inner and p.rsplit(".", 1)[0] not in inner] == []
+
+
+def test_model_modules_import_no_circle():
+    """spec <- llama_shaped <- the families: no module of dstk.models imports one that imports it
+    back, at any level (function-level imports count: they hide a circle, they do not break it)."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parent.parent / "models"
+    graph = {}
+    for path in folder.glob("*.py"):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dstk.models"):
+                mod = node.module.removeprefix("dstk.models").lstrip(".")
+                names |= {mod} if mod else {a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                names |= {a.name.removeprefix("dstk.models.") for a in node.names if a.name.startswith("dstk.models.")}
+        graph[path.stem] = {n.split(".")[0] for n in names if (folder / f"{n.split('.')[0]}.py").exists()}
+    assert len(graph) >= 14 and graph["spec"] == set()
+
+    def reach(start, node, seen):
+        for nxt in graph.get(node, ()):
+            if nxt == start:
+                return True
+            if nxt not in seen:
+                seen.add(nxt)
+                if reach(start, nxt, seen):
+                    return True
+        return False
+
+    assert [m for m in graph if m != "__init__" and reach(m, m, set())] == []
