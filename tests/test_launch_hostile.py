@@ -43,7 +43,7 @@ def _recorder(tmp_path: Path) -> tuple[Path, Path]:
     fake = _executable(tmp_path / "fake python", f"#!{sys.executable}\n"
                        "import json, os, sys\n"
                        f"with open({str(record)!r}, 'a') as f:\n"
-                       "    f.write(json.dumps({'argv': sys.argv[1:], 'env': dict(os.environ)}) + '\\n')\n")
+                       "    f.write(json.dumps({'argv': sys.argv[1:], 'env': dict(os.environ), 'cwd': os.getcwd()}) + '\\n')\n")
     return fake, record
 
 
@@ -72,7 +72,7 @@ def test_sbatch_script_runs_no_injected_command(tmp_path):
     fake, record = _recorder(tmp_path)
     spec = dataclasses.replace(spec, python=str(fake))
     sbatch = tmp_path / "job.sbatch"
-    sbatch.write_text(render_sbatch(spec, sbatch_path=str(sbatch)))
+    sbatch.write_text(render_sbatch(spec, sbatch_path=str(sbatch), workdir=str(run_dir)))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     _executable(bin_dir / "scontrol", "#!/bin/sh\nprintf 'node-a\\nnode-b\\n'\n")
@@ -88,12 +88,15 @@ def test_sbatch_script_runs_no_injected_command(tmp_path):
     hostfile = str(run_dir) + "/hostfile.slurm-42"
     assert Path(hostfile).read_text() == "node-a slots=2\nnode-b slots=2\n"
     for node, call in enumerate(calls):
-        assert call["argv"] == ["-u", "-m", "deepspeed.launcher.runner", "--hostfile", hostfile, "--no_ssh",
+        # each task runs its node under dstk's judge, which then runs the runner (not run here: fake python)
+        assert call["argv"] == ["-u", "-m", "dstk.launch.slurm", "--ranks", "2", "--run-dir", str(run_dir), "--",
+                                str(fake), "-u", "-m", "deepspeed.launcher.runner", "--hostfile", hostfile, "--no_ssh",
                                 "--node_rank", str(node), "--master_addr", "node-a", "--master_port", "29555",
                                 "--module", "dstk.launch.rank", *evil, "--deepspeed_config",
                                 str(run_dir / "ds_config.json")]
         assert call["env"]["EVIL"] == evil[3] and call["env"]["EVIL2"] == evil[0]
         assert call["env"]["NCCL_SOCKET_IFNAME"] == "^docker,lo"
+        assert call["cwd"] == str(run_dir)  # the script's `cd` to the launch directory
 
 
 def test_printed_dry_run_command_runs_no_injected_command(tmp_path):

@@ -130,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
         path = os.path.abspath(args.sbatch_out or os.path.join(spec.run_dir, "launch.sbatch"))
         text = render_sbatch(spec, sbatch_path=path, job_name=args.job_name, partition=args.partition,
-                             time=args.time, account=args.account)
+                             time=args.time, account=args.account, workdir=os.getcwd())
         if args.dry_run:
             if args.format == "json":
                 print(json.dumps({"files": {path: text}, "note": "dry run: nothing written"}, indent=2))

@@ -12,6 +12,7 @@ import collections
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -67,9 +68,18 @@ class LaunchResult:
     """The last lines the ranks printed (for ``dstk.launch.diagnose``)."""
 
 
+# pdsh prints every remote line as "HOST: line"; the host is a DNS
+# name or an IPv4 address (dstk refuses anything else in a hostfile), so it holds no ": ".
+_PDSH_PREFIX_RE = re.compile(r"[A-Za-z0-9._-]+: ")
+
+
 def parse_report(line: str) -> RankExit | None:
+    """The wrapper's report on ``line``, also behind pdsh's ``HOST: `` prefix; ``None`` for other lines."""
     if not line.startswith(REPORT_TAG):
-        return None
+        prefix = _PDSH_PREFIX_RE.match(line)
+        if prefix is None or not line.startswith(REPORT_TAG, prefix.end()):
+            return None
+        line = line[prefix.end():]
     try:
         data = json.loads(line[len(REPORT_TAG):])
         return RankExit(rank=data.get("rank"), returncode=int(data["returncode"]),

@@ -7,12 +7,28 @@ research/launching.md section 4. Per-task values must be expanded inside the tas
 the batch script (every rank thinks it is rank 0 otherwise: accelerate#2816), so the node
 command is quoted twice: each argument for the inner ``bash -c``, then the whole string once
 more for the outer script. Nothing from the user reaches either shell unquoted.
+
+Each task runs its node's command under ``python -m dstk.launch.slurm --ranks N -- CMD`` (``node_main``):
+the judge ``dstk launch`` applies to a local run, for the ranks of one node. Without it a job whose rank
+was SIGKILLed ends with exit 247 (launch.py's ``sys.exit(-9)``, seen under Slurm 22.05) and nothing names
+the rank, and one whose launch.py was killed ends COMPLETED (the runner exits 0 then: runner.py 0.19.8,
+``if result.returncode > 0``). The judge reads the ranks' ``DSTK_RANK_EXIT`` reports, prints
+``dstk: rank R on HOST ...`` and the cause into the job's output, and exits with the failed rank's code
+(137 for SIGKILL), so the job ends FAILED and names the rank.
+Relative paths in the script part are relative to the directory ``dstk launch --slurm`` ran in
+(``workdir``): the script ``cd``s there, as pdsh's remote command does, since sbatch starts a job in
+the directory it was *submitted* from.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import re
 import shlex
+import signal
+import socket
+import sys
 
 from dstk.errors import DstkError
 from dstk.launch.command import LaunchSpec, ShellVar, _script_part, shell_join
@@ -31,8 +47,23 @@ def _sbatch_value(flag: str, value: str, pattern: re.Pattern = _NAME_RE) -> str:
     return value
 
 
+NODE_MODULE = "dstk.launch.slurm"
+"""Runs one node's launcher command and judges its ranks' reports (``node_main``)."""
+
+
 def node_command(spec: LaunchSpec) -> list[str]:
-    """The argv every Slurm task runs, with ``ShellVar`` placeholders for the per-task values."""
+    """The argv every Slurm task runs, with ``ShellVar`` placeholders for the per-task values: the runner
+    (or torchrun) for this node, under ``NODE_MODULE`` when the ranks report (``prefix_output``)."""
+    launcher = _launcher_command(spec)
+    if not spec.prefix_output:
+        return launcher
+    judge = [spec.python, "-u", "-m", NODE_MODULE, "--ranks", str(spec.gpus_per_node)]
+    if spec.run_dir is not None:
+        judge += ["--run-dir", spec.run_dir]
+    return [*judge, "--", *launcher]
+
+
+def _launcher_command(spec: LaunchSpec) -> list[str]:
     if spec.launcher == "torchrun":
         return [spec.python, "-u", "-m", "torch.distributed.run",
                 "--nnodes", str(spec.num_nodes), "--nproc_per_node", str(spec.gpus_per_node),
@@ -46,8 +77,10 @@ def node_command(spec: LaunchSpec) -> list[str]:
 
 
 def render_sbatch(spec: LaunchSpec, *, sbatch_path: str, job_name: str = "dstk", partition: str | None = None,
-                  time: str | None = None, account: str | None = None) -> str:
-    """The sbatch script text (pure)."""
+                  time: str | None = None, account: str | None = None, workdir: str | None = None) -> str:
+    """The sbatch script text (pure). ``workdir``: the directory the job ``cd``s to before starting
+    (the one relative script paths are relative to; ``dstk launch --slurm`` passes its own); ``None``
+    leaves the job where sbatch started it."""
     if spec.launcher not in ("local", "torchrun"):
         raise DstkError(f"--slurm starts the runner on every node itself; --launcher {spec.launcher} does not apply",
                         hint="drop --launcher, or use --launcher torchrun")
@@ -80,7 +113,60 @@ def render_sbatch(spec: LaunchSpec, *, sbatch_path: str, job_name: str = "dstk",
         "GPUS_PER_NODE": str(spec.gpus_per_node),
         "EXPORTS": exports,
         "NODE_COMMAND": shlex.quote(inner),
+        "WORKDIR": (f"cd {shlex.quote(workdir)}" if workdir is not None
+                    else "# (no directory given: they start from where sbatch runs)"),
     }
     text = template("slurm", "deepspeed.sbatch").read_text(encoding="utf-8")
     # One pass over the placeholders, so a value that happens to contain "@NAME@" is left alone.
     return re.sub(r"@([A-Z_]+)@", lambda m: values[m.group(1)], text)
+
+
+def node_main(argv: list[str] | None = None) -> int:
+    """``python -m dstk.launch.slurm --ranks N [--run-dir DIR] -- CMD...``: run one node's launcher
+    command, stream its output, then judge this node's ranks as ``dstk launch --node-rank`` does: print
+    ``dstk: rank R on HOST ...`` for each failure and the cause (``dstk.launch.diagnose``), and exit with
+    the failed rank's code (128 + N for signal N), or 1 when fewer than N ranks reported."""
+    import dataclasses
+
+    from dstk.errors import DstkError
+    from dstk.launch.command import LaunchPlan
+    from dstk.launch.run import _default_sink, explain_failure, run_plan
+
+    parser = argparse.ArgumentParser(prog=f"python -m {NODE_MODULE}", description=node_main.__doc__.split(".")[0])
+    parser.add_argument("--ranks", type=int, required=True, help="ranks this node starts")
+    parser.add_argument("--run-dir", default=None, help="run directory (its plan.json informs the cause)")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- the runner or torchrun command")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command or args.ranks < 1:
+        parser.error("expected --ranks N (N >= 1) and a command after --")
+    # srun stops a task with SIGTERM (scancel, --kill-on-bad-exit, the time limit): run_plan then hands
+    # SIGINT to the runner, which stops its ranks, and kills it after 30 s.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    sink = _default_sink
+    try:
+        result = run_plan(LaunchPlan(command=command, env={}, files={}, active={}), world_size=0,
+                          expect_reports=True, sink=sink)
+    except KeyboardInterrupt:
+        sink("stderr", "dstk: stopped by a signal (scancel, a time limit, or another node failed)\n")
+        return 128 + signal.SIGTERM
+    except DstkError as exc:
+        sink("stderr", "dstk: " + exc.render().replace("\n", "\ndstk: ") + "\n")
+        return exc.exit_code
+    if len(result.ranks) < args.ranks:
+        lost = args.ranks - len(result.ranks)
+        result = dataclasses.replace(result, returncode=result.returncode or 1,
+                                     messages=result.messages + (f"{lost} rank(s) of this node did not report how they ended",))
+    for message in result.messages:
+        sink("stderr", f"dstk: {message}\n")
+    if result.returncode == 0:
+        ranks = ", ".join(str(r.rank) for r in sorted(result.ranks, key=lambda r: (r.rank is None, r.rank or 0)))
+        sink("stdout", f"dstk: rank(s) {ranks} on {socket.gethostname()} finished\n")
+    else:
+        for found in explain_failure(result, run_dir=args.run_dir):
+            sink("stderr", "dstk: " + found.render().replace("\n", "\ndstk: ") + "\n")
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(node_main())

@@ -1,0 +1,166 @@
+"""`dstk launch --slurm` run for real: a one-node Slurm cluster on this machine (tests/services.py).
+
+`dstk generate` -> `dstk launch --slurm` -> `sbatch` (from another directory, as users do) -> the job
+trains the tiny example on 2 CPU ranks; squeue no longer lists it and `scontrol show job` says
+COMPLETED. A job whose rank exits non-zero or is SIGKILLed ends FAILED, with the rank named by dstk
+(``dstk: rank 1 on HOST ...``) in the job's output. Skipped, with the reason, where the cluster cannot
+start (not root, no apt to install slurm-wlm/munge).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from dstk.launch.command import REPORT_TAG
+from tests.services import Unavailable, start_slurm
+
+REPO = Path(__file__).resolve().parent.parent
+CRASH = Path(__file__).parent / "data" / "launch" / "scripts" / "crash.py"
+JOB_TIMEOUT_SECONDS = 420  # a fresh machine builds DeepSpeed's ops on the first start (about 2 minutes)
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    try:
+        cluster = start_slurm(tmp_path_factory.mktemp("slurm"))
+    except Unavailable as exc:
+        pytest.skip(f"no Slurm cluster: {exc}")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """The README's tiny example, generated (1 node, 2 CPU ranks)."""
+    path = tmp_path_factory.mktemp("gen") / "run"
+    done = subprocess.run([sys.executable, "-m", "dstk", "generate", str(REPO / "examples" / "intents" / "tiny-llama-cpu.yaml"),
+                           "--output", str(path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return path
+
+
+def submit(slurm, run_dir: Path, tmp_path: Path, *script: str, name: str,
+           flags: tuple[str, ...] = ()) -> tuple[dict[str, str], str]:
+    """`dstk launch --slurm` in the repository (relative script path), `sbatch` from ``tmp_path``;
+    wait for the job to leave the queue; return its final record and its output."""
+    sbatch = tmp_path / f"{name}.sbatch"
+    env = {**os.environ, **slurm.env}
+    done = subprocess.run([sys.executable, "-m", "dstk", "launch", str(run_dir), "--slurm", "--partition", slurm.partition,
+                           "--job-name", name, "--sbatch-out", str(sbatch), *flags, "--", *script],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr
+    log = tmp_path / f"{name}.out"
+    done = subprocess.run(["sbatch", "--parsable", f"--output={log}", str(sbatch)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=30)
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.strip().split(";")[0]
+    state = slurm.wait_job(job_id, timeout_seconds=JOB_TIMEOUT_SECONDS)
+    assert not slurm.in_queue(job_id)
+    return state, log.read_text(errors="replace")
+
+
+@pytest.mark.distributed
+def test_generated_run_trains_as_a_slurm_job(slurm, run_dir, tmp_path):
+    state, out = submit(slurm, run_dir, tmp_path, "examples/train.py", "--steps", "5", name="tiny")
+    assert (state["JobState"], state["ExitCode"]) == ("COMPLETED", "0:0"), out[-3000:]
+    losses = re.findall(r"^\[rank 0\] step (\d) loss (\d+\.\d+)$", out, re.M)
+    assert [s for s, _ in losses] == ["1", "2", "3", "4", "5"], out[-3000:]
+    assert all(0 < float(loss) < 10 for _, loss in losses)
+    # both ranks reported a clean exit to the node's judge
+    assert f"dstk: rank(s) 0, 1 on {socket.gethostname()} finished\n" in out, out[-3000:]
+
+
+@pytest.mark.distributed
+def test_the_ranks_of_a_node_get_all_its_cpus(slurm, run_dir, tmp_path):
+    """The cluster pins tasks with task/affinity; one task per node must still leave every rank all the
+    node's CPUs (Slurm's default of 1 CPU per task pinned both ranks to CPU 0)."""
+    script = tmp_path / "affinity.py"
+    script.write_text("import os\nprint(f\"cpus={len(os.sched_getaffinity(0))}\", flush=True)\n")
+    state, out = submit(slurm, run_dir, tmp_path, str(script), name="affinity")
+    assert state["JobState"] == "COMPLETED", out[-3000:]
+    assert sorted(re.findall(r"^\[rank (\d)\] cpus=(\d+)$", out, re.M)) == [
+        ("0", str(slurm.cpus)), ("1", str(slurm.cpus))], out[-3000:]
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("mode, launcher, exit_code, says", [
+    ("exit", "local", "7:0", "rank 1 on {node} exited with code 7"),
+    ("sigkill", "local", "137:0", "rank 1 on {node} was killed by SIGKILL (signal 9)"),
+    ("sigkill", "torchrun", "137:0", "rank 1 on {node} was killed by SIGKILL (signal 9)"),
+])
+def test_failed_rank_fails_the_job_and_is_named(slurm, run_dir, tmp_path, mode, launcher, exit_code, says):
+    state, out = submit(slurm, run_dir, tmp_path, str(CRASH.relative_to(REPO)), mode, name=f"crash-{mode}",
+                        flags=("--launcher", launcher))
+    assert (state["JobState"], state["ExitCode"]) == ("FAILED", exit_code), out[-3000:]
+    assert f"dstk: {says.format(node=socket.gethostname())}\n" in out, out[-3000:]
+    if mode == "sigkill":
+        assert "dstk: cause: a rank was killed by SIGKILL" in out, out[-3000:]
+
+
+@pytest.mark.distributed
+def test_a_cancelled_job_stops_every_rank(slurm, run_dir, tmp_path):
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\nprint('sleeping', flush=True)\ntime.sleep(300)\n")
+    sbatch, log = tmp_path / "sleep.sbatch", tmp_path / "sleep.out"
+    env = {**os.environ, **slurm.env}
+    subprocess.run([sys.executable, "-m", "dstk", "launch", str(run_dir), "--slurm", "--sbatch-out", str(sbatch), "--",
+                    str(script)], check=True, capture_output=True, env=env, cwd=REPO, timeout=60)
+    job_id = subprocess.run(["sbatch", "--parsable", f"--output={log}", str(sbatch)], check=True, capture_output=True,
+                            text=True, env=env, cwd=tmp_path, timeout=30).stdout.strip().split(";")[0]
+    deadline = time.monotonic() + JOB_TIMEOUT_SECONDS
+    while not (log.is_file() and log.read_text().count("] sleeping") == 2):
+        assert time.monotonic() < deadline and slurm.in_queue(job_id), log.read_text() if log.is_file() else job_id
+        time.sleep(0.5)
+    assert slurm.command("scancel", job_id).returncode == 0
+    state = slurm.wait_job(job_id, timeout_seconds=60)
+    assert state["JobState"] == "CANCELLED", log.read_text()
+    assert "dstk: stopped by a signal (scancel, a time limit, or another node failed)\n" in log.read_text()
+    # no rank, runner or judge of the job is left (proc cmdlines name the script)
+    left = [p for p in Path("/proc").glob("[0-9]*") if str(script).encode() in _cmdline(p)]
+    assert not left, [_cmdline(p) for p in left]
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def _node(tmp_path: Path, reports: list[dict], runner_exit: int) -> subprocess.CompletedProcess:
+    """``python -m dstk.launch.slurm`` over a stand-in runner that prints rank reports and exits."""
+    lines = "".join(f"print({REPORT_TAG + json.dumps(r)!r})\n" for r in reports)
+    fake = tmp_path / "runner.py"
+    fake.write_text(f"import sys\nprint('[rank 0] training')\n{lines}sys.exit({runner_exit})\n")
+    return subprocess.run([sys.executable, "-m", "dstk.launch.slurm", "--ranks", "2", "--", sys.executable, str(fake)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_node_judge_fails_a_node_whose_rank_was_killed_though_the_runner_exited_0(tmp_path):
+    done = _node(tmp_path, [{"rank": 1, "returncode": -9, "host": "n1"},
+                            {"rank": 0, "returncode": -15, "host": "n1", "stopped": True}], runner_exit=0)
+    assert done.returncode == 137, done.stderr
+    assert "[rank 0] training\n" in done.stdout and REPORT_TAG not in done.stdout
+    assert done.stderr.splitlines()[:2] == [
+        "dstk: rank 1 on n1 was killed by SIGKILL (signal 9)",
+        "dstk: rank 0 on n1 was killed by SIGTERM (signal 15), sent by the launcher after another rank failed"]
+    assert "dstk: cause: a rank was killed by SIGKILL" in done.stderr
+
+
+def test_node_judge_counts_this_nodes_ranks(tmp_path):
+    done = _node(tmp_path, [{"rank": 2, "returncode": 0, "host": "n1"}], runner_exit=0)
+    assert done.returncode == 1
+    assert "dstk: 1 rank(s) of this node did not report how they ended" in done.stderr
+    done = _node(tmp_path, [{"rank": 3, "returncode": 0, "host": "n1"}, {"rank": 2, "returncode": 0, "host": "n1"}],
+                 runner_exit=0)
+    assert done.returncode == 0, done.stderr
+    assert f"dstk: rank(s) 2, 3 on {socket.gethostname()} finished" in done.stdout
