@@ -61,16 +61,41 @@ def run_ranks(
                 text=True,
             )
         )
+    # Every rank's pipe is drained at once: reading rank 0 to the end first would block a rank that
+    # fills its 64 KiB pipe while rank 0 waits for it in a collective (a deadlock, seen with warnings).
+    import threading
+    import time
+
+    outputs: list[list[str]] = [[] for _ in procs]
+
+    def drain(i: int) -> None:
+        for line in procs[i].stdout:
+            outputs[i].append(line)
+
+    readers = [threading.Thread(target=drain, args=(i,), daemon=True) for i in range(len(procs))]
+    for t in readers:
+        t.start()
     results = []
+    deadline = time.monotonic() + timeout
     try:
         for rank, p in enumerate(procs):
-            out, _ = p.communicate(timeout=timeout)
-            results.append(RankResult(rank, p.returncode, out))
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    q.kill()
+                for t in readers:
+                    t.join(timeout=10)
+                report = "\n".join(f"--- rank {i} ---\n{''.join(o)[-6000:]}" for i, o in enumerate(outputs))
+                raise AssertionError(f"ranks still running after {timeout} s:\n{report}") from None
+        for t in readers:
+            t.join(timeout=30)
+        results = [RankResult(rank, p.returncode, "".join(outputs[rank])) for rank, p in enumerate(procs)]
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-                p.communicate()
+                p.wait()
     if check and any(r.returncode != 0 for r in results):
         report = "\n".join(f"--- rank {r.rank} (exit {r.returncode}) ---\n{r.output[-6000:]}" for r in results)
         raise AssertionError(f"a rank failed:\n{report}")

@@ -48,7 +48,10 @@ def test_offload_moves_states_to_cpu():
     off = mem.model_states(params=1e9, persistent=0, precision="bf16", optimizer="adamw", zero_stage=3, dp=4,
                            offload_optimizer="cpu", offload_params="cpu")
     assert off.optimizer_bytes == 0 and off.params_bytes == 0
-    assert off.cpu_bytes == pytest.approx(on.optimizer_bytes + on.step_grads_bytes + on.params_bytes)
+    # ZeRO-3 allocates the bit16 gradient partition on the optimizer's device (stage3.py: self.device).
+    assert off.grads_bytes == 0
+    assert off.cpu_bytes == pytest.approx(on.optimizer_bytes + on.step_grads_bytes + on.params_bytes
+                                          + on.grads_bytes)
 
 
 def test_estimate_json_shape():
@@ -58,7 +61,8 @@ def test_estimate_json_shape():
     assert set(d["time"]) >= {"step_seconds", "tokens_per_second", "tflops_per_gpu", "mfu"}
     assert d["layout"]["zero_stage"] == 1 and "cpu_bytes" in d["memory"]
     per_gpu = d["memory"]["per_gpu"]
-    assert per_gpu["total_bytes"] == sum(v for k, v in per_gpu.items() if k != "total_bytes")
+    assert per_gpu["total_bytes"] == sum(v for k, v in per_gpu.items() if k.endswith("_bytes") and k != "total_bytes")
+    assert per_gpu["phases"][per_gpu["peak_phase"]] == per_gpu["total_bytes"] == max(per_gpu["phases"].values())
     json.dumps(d)
 
 
@@ -82,14 +86,15 @@ def test_pipeline_stages_differ_at_the_ends():
 
 def test_activation_terms_follow_recompute_and_attention():
     base = dict(dp=8, micro_batch=1, grad_accum=8)
-    none = est(**base).memory.per_gpu.activations_bytes
-    sel = est(**base, recompute="selective").memory.per_gpu.activations_bytes
-    full = est(**base, recompute="full").memory.per_gpu.activations_bytes
+    # The forward phase holds every saved activation (the peak itself may fall in the step).
+    none = est(**base).memory.per_gpu.phases["forward"]
+    sel = est(**base, recompute="selective").memory.per_gpu.phases["forward"]
+    full = est(**base, recompute="full").memory.per_gpu.phases["forward"]
     eager = est(training=Training(seq_len=4096, global_batch=64, attention="eager"), **base).memory.per_gpu
-    assert full < sel <= none < eager.activations_bytes
+    assert full < sel <= none < eager.phases["forward"]
     # eager attention keeps the fp32 softmax and its bf16 copy: (4 + 2) a s bytes per token per layer
     spec = get_model("llama-3-8b")
-    extra = eager.activations_bytes - none
+    extra = eager.phases["forward"] - none
     assert extra > 32 * 4096 * spec.num_heads * 4096 * 6
 
 
@@ -207,3 +212,232 @@ def test_cli_estimate_does_not_import_the_heavy_stack():
             "if m in sys.modules], file=sys.stderr)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stderr.strip().splitlines()[-1] == "[]"
+
+
+# --- step time: the per-operator model (dstk.estimate.steptime) ---------------------------------
+
+
+def _layer(gpu, *, hidden=4096, heads=32, tp=1, attention="eager", tokens=4096, seq_len=4096):
+    from dstk.estimate import _model_facts
+    from dstk.estimate.steptime import layer_seconds
+
+    spec = ModelSpec.generic(num_layers=2, hidden_size=hidden, num_heads=heads, vocab_size=32000)
+    return layer_seconds(facts=_model_facts(spec), tokens=tokens, seq_len=seq_len, tp=tp, sp=1, act_bytes=2,
+                         attention=attention, gpu=gpu, peak_flops=gpu.peak_flops("bf16"))
+
+
+def test_wider_gemms_run_closer_to_peak():
+    """The catalog's curve is what prices a GEMM: per FLOP, a layer of width 8192 is faster than
+    one of 1024, and TP 8 (which narrows the GEMMs) costs more per FLOP than TP 1."""
+    gpu = get_gpu("a100-80gb")
+    small, big = _layer(gpu, hidden=1024, heads=8), _layer(gpu, hidden=8192, heads=64)
+    assert small.gemm / 1024**2 > 1.1 * big.gemm / 8192**2
+    wide, split = _layer(gpu, hidden=8192, heads=64), _layer(gpu, hidden=8192, heads=64, tp=8)
+    assert split.gemm * 8 > 1.01 * wide.gemm
+    # the same layer on a flat curve at the curve's best fraction is faster than on the curve
+    flat = gpu.replace(gemm_efficiency=((1.0, gpu.gemm_fraction(1e9)),))
+    assert _layer(flat, hidden=1024, heads=8).gemm < 0.9 * small.gemm
+
+
+def test_memory_bound_terms_scale_with_hbm_bandwidth():
+    gpu = get_gpu("h100-sxm")
+    fast = gpu.replace(hbm_bytes_per_s=2 * gpu.hbm_bytes_per_s)
+    a, b = _layer(gpu), _layer(fast)
+    assert b.elementwise == pytest.approx(a.elementwise / 2) and b.scores_memory == pytest.approx(a.scores_memory / 2)
+    assert b.gemm == a.gemm and a.scores_memory > 0
+    one = est(cluster=H100x8, tp=1, dp=8, micro_batch=1, grad_accum=8).time.step_seconds
+    two = est(cluster=Cluster(num_nodes=1, gpus_per_node=8, gpu=fast), tp=1, dp=8, micro_batch=1,
+              grad_accum=8).time.step_seconds
+    assert two < one
+
+
+def test_attention_kernel_and_recompute():
+    """Eager materialises the scores (softmax bytes, score GEMMs at head_dim efficiency); flash
+    does half the causal work and none of the bytes; selective recompute repeats eager's scores
+    only, full recompute the whole forward."""
+    gpu = get_gpu("a100-80gb")
+    eager, flash = _layer(gpu, attention="eager"), _layer(gpu, attention="flash")
+    assert flash.scores_memory == 0 < eager.scores_memory and flash.attention < eager.attention
+    assert eager.recompute("selective") == pytest.approx(eager.attention + eager.scores_memory)
+    assert flash.recompute("selective") == 0 and eager.recompute("full") == pytest.approx(eager.forward)
+    cpu = get_gpu("cpu")
+    assert _layer(cpu, attention="sdpa", tokens=64, seq_len=64).scores_memory > 0  # CPU SDPA: the math path
+
+
+def test_zero3_exposure_grows_with_data_parallelism():
+    """Strong scaling at a fixed batch (Narayanan et al. 2021 Table 2's ZeRO-3 rows): compute per
+    GPU halves with each doubling, parameter traffic per GPU does not, so the step stops shrinking."""
+    spec = ModelSpec.generic(num_layers=48, hidden_size=8192, num_heads=64, vocab_size=51200)
+    training = Training(seq_len=2048, global_batch=512, precision="fp16")
+    shares, steps = [], []
+    for nodes in (16, 32, 64):
+        dp = nodes * 8
+        cluster = Cluster(num_nodes=nodes, gpus_per_node=8, gpu=get_gpu("a100-80gb"),
+                          interconnect=get_interconnect("ib-hdr"))
+        t = estimate(model=spec, layout=Layout(dp=dp, zero_stage=3, micro_batch=512 // dp, recompute="full"),
+                     training=training, cluster=cluster).time
+        shares.append(1 - t.compute_seconds / t.step_seconds)
+        steps.append(t.step_seconds)
+    assert shares[0] < shares[1] < shares[2] and shares[2] > 0.5
+    assert steps[2] > 0.8 * steps[1]  # communication bound: twice the GPUs, nearly the same step
+
+
+def test_published_runs_benchmark():
+    """benchmarks/estimate_published.py (pure arithmetic): the figures docs/estimate.md quotes.
+    Korthikanti Table 5 meets the issue's goal (mean <= 5%, worst <= 8%); for Narayanan Table 2
+    the bounds are what the model reaches today (docs/estimate.md says why it cannot reach the
+    goal there), so a change that makes it worse fails here."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "estimate_published.py"
+    spec = importlib.util.spec_from_file_location("estimate_published", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclass looks its module up
+    spec.loader.exec_module(bench)
+    korthikanti = bench.korthikanti_rows()
+    assert len(korthikanti) == 8
+    mean, worst = bench.summary(korthikanti)
+    assert mean <= 0.05 and worst <= 0.08
+    narayanan = bench.narayanan_rows()
+    assert len(narayanan) == 12
+    zero3 = [r for r in narayanan if r.label.startswith("ZeRO-3")]
+    ptdp = [r for r in narayanan if r.label.startswith("PTD-P")]
+    assert bench.summary(zero3)[0] <= 0.10 and bench.summary(zero3)[1] <= 0.17
+    # the 2021 PTD-P runs sustained ~13% less per micro-batch than the 2022 runs of the same layouts
+    assert all(0 < r.error <= 0.10 for r in ptdp)
+
+
+# --- the phase-aware peak (memory.phase_peaks) --------------------------------------------------
+
+CPU2 = Cluster(num_nodes=1, gpus_per_node=2, gpu=get_gpu("cpu"))
+
+
+def peak(model, *, cluster=H100x8, buffers=None, training=TRAIN, **layout):
+    spec = get_model(model) if isinstance(model, str) else model
+    return estimate(model=spec, layout=Layout(**layout), training=training, cluster=cluster,
+                    buffers=buffers).memory.per_gpu
+
+
+def named(m, name):
+    return next(b for b in m.buffers if b.name == name)
+
+
+def test_the_reduce_bucket_is_not_capped_by_the_model_and_doubles_with_overlap_comm():
+    """A 1M-parameter model still gets DeepSpeed's full 5e8-element bucket (setup_buckets), twice
+    with overlap_comm; it lives in backward, and there the peak is."""
+    for stage in (1, 2):
+        one = peak(1_000_000, cluster=CPU2, dp=2, zero_stage=stage)
+        two = peak(1_000_000, cluster=CPU2, dp=2, zero_stage=stage, buffers=mem.ZeroBuffers(overlap_comm=True))
+        assert named(one, "reduce bucket").bytes == 2 * 5e8 and named(one, "reduce bucket").phase == "backward"
+        assert named(two, "reduce bucket").bytes == 2 * 2 * 5e8
+        assert named(two, "reduce bucket").formula == "2 x 5e8 x 2 B (overlap_comm)"
+        assert one.peak_phase == two.peak_phase == "backward" and "reduce bucket" in one.peak_buffers
+        assert two.total_bytes - one.total_bytes == 1e9
+        # forward and step never see it
+        assert one.phases["forward"] < 1e9 and one.phases["step"] - one.overhead_bytes < 1e9
+
+
+def test_zero3_bucket_lives_from_initialize_and_is_single():
+    m = peak(1_000_000, cluster=CPU2, dp=2, zero_stage=3, buffers=mem.ZeroBuffers(overlap_comm=True))
+    bucket = named(m, "reduce bucket")
+    assert bucket.bytes == 1e9 and bucket.phase == "always"
+    assert all(v - m.overhead_bytes > 1e9 for v in m.phases.values())
+
+
+def test_zero0_mixed_precision_step_holds_fp32_gradients():
+    """ZeRO-0 bf16: wP bit16 gradients + 4P fp32 copies inside the step; on a GPU the fused path
+    flattens the copies (+4P); on CPU ranks torch's AdamW adds 2 x 4 B of the largest tensor."""
+    p = 100_000_000
+    gpu = peak(p, cluster=Cluster(num_nodes=1, gpus_per_node=2, gpu=get_gpu("h100-sxm")), dp=2, zero_stage=0)
+    assert gpu.peak_phase == "step" and gpu.grads_bytes == (2 + 4) * p
+    assert named(gpu, "fp32 gradient flat copy").bytes == 4 * p
+    assert gpu.total_bytes - gpu.overhead_bytes == (2 + 12 + 2 + 4 + 4) * p  # states 2+4+8, step 2+4+4
+    spec = get_model("llama-3-8b")
+    cpu = peak(spec, cluster=CPU2, dp=2, zero_stage=0, micro_batch=1, training=Training(seq_len=128, global_batch=2))
+    assert named(cpu, "AdamW temporaries").bytes == 8 * spec.largest_tensor
+    assert cpu.peak_phase == "step" and "AdamW temporaries" in cpu.peak_buffers
+
+
+def test_zero12_step_holds_the_fp32_partition_not_both():
+    """ZeRO-1/2: the bit16 gradient partition is freed before the fp32 one is updated, so the
+    step holds 4P/n of gradients (not 2P/n + 4P/n); on CPU ranks torch's AdamW adds 2 x 4P/n."""
+    p, dp = 100_000_000, 2
+    small = mem.ZeroBuffers(reduce_bucket_size=1e6)
+    cpu = peak(p, cluster=CPU2, dp=dp, zero_stage=2, buffers=small)
+    assert cpu.peak_phase == "step" and cpu.grads_bytes == 4 * p / dp
+    assert named(cpu, "AdamW temporaries").bytes == 8 * p / dp
+    assert cpu.total_bytes - cpu.overhead_bytes == 2 * p + 12 * p / dp + 4 * p / dp + 8 * p / dp
+    gpu = peak(p, cluster=Cluster(num_nodes=1, gpus_per_node=2, gpu=get_gpu("h100-sxm")), dp=dp, zero_stage=2,
+               buffers=small)
+    assert not any(b.name == "AdamW temporaries" for b in gpu.buffers)  # FusedAdam on a GPU
+
+
+def test_backward_peaks_at_an_end():
+    """Backward is the larger of its start (all activations + the loss gradients, 8 B per logit),
+    the first gradient hook (activations + the bucket) and its end (gradients + the copy the
+    reduction flattens). Llama-3's 128k vocabulary at 4k tokens: the loss gradients (4.2 GB)
+    outweigh the 1 GB bucket; at 256 tokens the bucket does."""
+    spec = get_model("llama-3-8b")
+    long = peak(spec, dp=8, zero_stage=1, micro_batch=1, training=Training(seq_len=4096, global_batch=8))
+    assert long.peak_phase == "backward" and long.peak_buffers == ("loss gradients",)
+    assert named(long, "loss gradients").bytes == 8 * 4096 * spec.vocab_size
+    assert long.phases["forward"] < long.phases["backward"]
+    # ZeRO-1 without overlap_comm keeps every param.grad until the reduction at the end of
+    # backward, beside the bucket and the bucket's flat copy (5e8 < P: the rest not yet moved in)
+    short = peak(spec, dp=8, zero_stage=1, micro_batch=1, training=Training(seq_len=256, global_batch=8))
+    assert short.peak_phase == "backward" and short.peak_buffers == ("reduce bucket", "reduce flat copy")
+    assert short.activations_bytes == 0 and short.grads_bytes == 2 * spec.num_params
+
+
+def test_backward_points_in_phase_peaks():
+    """memory.phase_peaks directly: P = 1e8 on dp = 2, bf16, 1 GB of activations, 1e6 logits."""
+    p, act, logits = 1e8, 1e9, 1e6
+    states = mem.model_states(params=p, persistent=0, precision="bf16", optimizer="adamw", zero_stage=2, dp=2)
+    base = states.params_bytes + states.optimizer_bytes
+
+    def backward(**kw):
+        kw.setdefault("buffers", mem.ZeroBuffers())
+        return mem.phase_peaks(zero_stage=2, precision="bf16", optimizer="adamw", dp=2, params=p, largest_tensor=1e6,
+                               states=states, activations_bytes=act, logits_elements=logits, **kw)[1]
+
+    # the first hook: activations + the first gradient + two 5e8 buckets (overlap_comm)
+    hook = backward(buffers=mem.ZeroBuffers(overlap_comm=True))
+    assert hook.total_bytes == base + act + 2 * 1e6 + 2 * 2 * 5e8
+    # a 1e6 bucket: the start of backward (activations + 8 B per logit) is fuller than the hook
+    start = backward(buffers=mem.ZeroBuffers(reduce_bucket_size=1e6))
+    assert start.total_bytes == base + act + 8 * logits and start.buffers[0].name == "loss gradients"
+    # no activations: the end, where the bucket is flattened beside the bit16 partition, is fullest
+    end = mem.phase_peaks(zero_stage=2, precision="bf16", optimizer="adamw", dp=2, params=p, largest_tensor=1e6,
+                          states=states, activations_bytes=0.0, buffers=mem.ZeroBuffers(reduce_bucket_size=1e7))[1]
+    assert end.total_bytes == base + 2 * p / 2 + 2 * 1e7 + 2 * 1e7
+    # ZeRO-0 has no bucket: its backward ends with every gradient and the all-reduce's flat copy
+    spec = get_model("llama-3-8b")
+    zero0 = peak(spec, dp=8, zero_stage=0, micro_batch=1, training=Training(seq_len=256, global_batch=8))
+    assert zero0.phases["backward"] - zero0.overhead_bytes == pytest.approx((14 + 2) * spec.num_params + 2 * 5e8,
+                                                                            abs=1)  # the copy: <= 5e8 elements
+
+
+def test_zero3_offload_keeps_the_gradient_partition_on_the_cpu():
+    """stage3.py allocates grad_partitions_flat_buffer on the optimizer's device: under
+    offload_optimizer cpu, 70B at dp=2 holds no gradient partition on the GPU (it said 64 GiB)."""
+    spec = get_model("llama-2-70b")
+    training = Training(seq_len=4096, global_batch=2)
+    off = estimate(model=spec, layout=Layout(dp=2, zero_stage=3, micro_batch=1, offload_optimizer="cpu"),
+                   training=training, cluster=Cluster(num_nodes=1, gpus_per_node=2, gpu=get_gpu("h100-sxm")))
+    on = estimate(model=spec, layout=Layout(dp=2, zero_stage=3, micro_batch=1),
+                  training=training, cluster=Cluster(num_nodes=1, gpus_per_node=2, gpu=get_gpu("h100-sxm")))
+    shard = 2 * spec.num_params / 2
+    assert off.memory.per_gpu.grads_bytes < 0.01 * shard <= on.memory.per_gpu.grads_bytes
+    assert off.memory.cpu_bytes >= shard + 16 * spec.num_params / 2
+
+
+def test_peak_is_the_fullest_phase_and_serialises():
+    m = peak("llama-3-8b", dp=8, zero_stage=2, micro_batch=1, grad_accum=8)
+    assert set(m.phases) == {"forward", "backward", "step"}
+    assert m.total_bytes == m.phases[m.peak_phase] == max(m.phases.values())
+    assert m.buffers_bytes == sum(b.bytes for b in m.buffers if b.name in m.peak_buffers and b.device == "gpu")
+    d = m.to_dict()
+    assert d["peak_phase"] == m.peak_phase and {"name", "bytes", "formula", "device", "phase"} <= set(d["buffers"][0])
+    json.dumps(d)

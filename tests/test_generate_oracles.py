@@ -88,6 +88,8 @@ def megatron_config(args: list[str]):
         per_chunk = int(opts["--num-layers-per-virtual-pipeline-stage"])
         kwargs["virtual_pipeline_model_parallel_size"] = kwargs["num_layers"] // (
             per_chunk * kwargs["pipeline_model_parallel_size"])
+    if "--num-virtual-stages-per-pipeline-rank" in opts:  # Megatron-LM's form for uneven stages
+        kwargs["virtual_pipeline_model_parallel_size"] = int(opts["--num-virtual-stages-per-pipeline-rank"])
     dtype = torch.bfloat16 if "--bf16" in opts else torch.float16 if "--fp16" in opts else torch.float32
     kwargs.update(
         sequence_parallel="--sequence-parallel" in opts,

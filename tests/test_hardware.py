@@ -63,3 +63,41 @@ def test_cluster_checks():
         Cluster(num_nodes=2, gpus_per_node=8, gpu=gpu)
     with pytest.raises(ValueError, match="gpus_per_node"):
         Cluster(num_nodes=1, gpus_per_node=0, gpu=gpu)
+
+
+def test_gemm_curves_and_hbm_in_the_catalog():
+    """Every entry has a sustained HBM bandwidth and a GEMM curve that rises with the GEMM's
+    smallest dimension towards the measured MAMF share (A100 SXM 85.9%, H100 SXM 80.1%)."""
+    for gpu in GPUS.values():
+        assert gpu.hbm_bytes_per_s and gpu.gemm_efficiency, gpu.slug
+        fractions = [f for _, f in gpu.gemm_efficiency]
+        assert fractions == sorted(fractions) and fractions[-1] <= 1
+        assert gpu.gemm_fraction(128) < gpu.gemm_fraction(1024) <= gpu.gemm_fraction(8192)
+    assert get_gpu("a100-80gb").gemm_fraction(1e6) == pytest.approx(0.859, abs=0.02)
+    assert get_gpu("h100-sxm").gemm_fraction(1e6) == pytest.approx(0.801, abs=0.02)
+    assert get_gpu("h100-sxm").hbm_bytes_per_s == pytest.approx(3350e9 * 0.9)
+
+
+def test_roofline_curve_is_half_the_asymptote_at_the_knee():
+    from dstk.hardware import roofline_curve
+
+    knee = 0.8 * 1000e12 / (2000e9 * 0.9)
+    curve = dict(roofline_curve(peak_tflops=1000, hbm_gbps=2000, mamf=0.8, dims=(knee, 1e9)))
+    assert curve[knee] == pytest.approx(0.4, abs=1e-3) and curve[1e9] == pytest.approx(0.8, abs=1e-3)
+
+
+def test_gemm_fraction_reads_log_linearly():
+    gpu = get_gpu("a100-80gb").replace(gemm_efficiency=((100, 0.2), (10000, 0.8)))
+    assert gpu.gemm_fraction(1000) == pytest.approx(0.5)
+    assert gpu.gemm_fraction(10) == 0.2 and gpu.gemm_fraction(1e6) == 0.8
+
+
+def test_user_file_sets_the_time_model_fields(tmp_path):
+    path = tmp_path / "hw.yaml"
+    path.write_text("gpus:\n  h100-sxm: {hbm_gbps: 3000, gemm_efficiency: [[256, 0.5], [4096, 0.75]],"
+                    " layer_overhead_seconds: 0.001}\n")
+    gpu = load_catalog(path)[0]["h100-sxm"]
+    assert gpu.hbm_bytes_per_s == 3000e9 and gpu.gemm_fraction(4096) == 0.75 and gpu.layer_overhead_seconds == 0.001
+    path.write_text("gpus:\n  h100-sxm: {gemm_efficiency: [[4096, 0.5], [256, 0.75]]}\n")
+    with pytest.raises(DstkError, match="gemm_efficiency"):
+        load_catalog(path)

@@ -115,3 +115,13 @@ def test_intent_is_frozen_and_round_trips():
 def test_field_docs_are_the_help_text():
     assert field_doc("constraints", "memory_headroom").startswith("Fraction of each GPU")
     assert field_doc("cluster", "gpu").startswith("GPU type by slug")
+
+
+def test_precision_is_unset_until_the_gpu_is_known_and_host_memory_is_checked():
+    intent = intent_from_dict({"model": TINY})
+    assert intent.training.precision is None  # dstk.plan.resolve picks bf16 or fp16 from the GPU
+    assert intent.training.to_training().precision == "bf16"
+    assert intent_from_dict({"model": TINY, "cluster": {"host_memory_gib": 512}}).cluster.host_memory_gib == 512.0
+    with pytest.raises(DstkError, match="cluster.host_memory_gib"):
+        intent_from_dict({"model": TINY, "cluster": {"host_memory_gib": 0}})
+    assert "offload" in field_doc("cluster", "host_memory_gib")

@@ -70,6 +70,6 @@ def test_valid_shapes_are_accepted_or_explained(nodes, per_node, tp, pp, batch, 
     except DstkError as exc:
         assert exc.hint
         world = nodes * per_node
-        assert (tp or 1) * (pp or 1) > 0 and (world % ((tp or 1) * (pp or 1)) or (tp or 1) > per_node)
+        assert (tp or 1) * (pp or 1) > 0 and (world % ((tp or 1) * (pp or 1)) or per_node % (tp or 1))
         return
     _check_invariants(intent)

@@ -21,6 +21,8 @@ def test_world_size_and_global_batch():
         ({"virtual_stages": 2}, "virtual_stages"),
         ({"sequence_parallel": True}, "sequence_parallel"),
         ({"recompute": "all"}, "recompute"),
+        ({"first_stage_layers": 2}, "first_stage_layers"),
+        ({"pp": 4, "virtual_stages": 2, "last_stage_layers": 3}, "last_stage_layers"),
     ],
 )
 def test_invalid_layouts_name_the_field(kwargs, field):

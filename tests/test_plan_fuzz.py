@@ -24,14 +24,14 @@ constraint_kwargs = st.fixed_dictionaries(dict(
 
 @st.composite
 def searches(draw):
-    kv = draw(st.sampled_from([1, 2, 4, 8, 16]))
+    kv = draw(st.sampled_from([1, 2, 3, 4, 6, 8, 16]))
     try:
         c = Constraints(**draw(constraint_kwargs))
     except ValueError:
         assume(False)
     return Search(
-        world_size=draw(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 32, 64, 96, 128])),
-        gpus_per_node=draw(st.sampled_from([1, 2, 4, 8])),
+        world_size=draw(st.sampled_from([1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128])),
+        gpus_per_node=draw(st.sampled_from([1, 2, 4, 6, 8])),
         num_layers=draw(st.integers(1, 96)),
         num_heads=kv * draw(st.sampled_from([1, 2, 4, 8])),
         num_kv_heads=kv,
@@ -52,7 +52,7 @@ def test_every_offered_layout_keeps_the_rules(s):
             assert l.world_size == s.world_size
             assert l.global_batch == s.global_batch
             assert s.num_heads % l.tp == 0 and s.num_kv_heads % l.tp == 0
-            assert l.tp <= s.gpus_per_node or c.tp_across_nodes
+            assert s.gpus_per_node % l.tp == 0 or c.tp_across_nodes  # a TP group never straddles nodes
             assert c.max_tp is None or l.tp <= c.max_tp
             assert l.pp <= s.num_layers
             if l.pp > 1:
@@ -67,8 +67,11 @@ def test_every_offered_layout_keeps_the_rules(s):
             else:
                 assert l.offload_optimizer == "none" and l.zero_stage <= 1
                 assert l.sequence_parallel == (l.tp > 1)
-                if l.virtual_stages > 1:
-                    assert s.num_layers % (l.pp * l.virtual_stages) == 0
+                counts = l.stage_layers(s.num_layers)  # raises where megatron-core would refuse the split
+                assert sum(counts) == s.num_layers and min(counts) >= 1 and len(counts) == l.pp
+                assert all(n % l.virtual_stages == 0 for n in counts)
+                assert len(set(counts[1:-1])) <= 1
+                assert l.uneven_stages == (s.num_layers % (l.pp * l.virtual_stages) != 0)
             if not c.offload:
                 assert l.offload_optimizer == "none" and l.offload_params == "none"
             for pin in ("tp", "pp", "zero_stage", "recompute"):
@@ -89,12 +92,15 @@ def intents(draw):
     data = {
         "model": model,
         "cluster": {"num_nodes": draw(st.sampled_from([1, 2, 4, 16])), "gpus_per_node": draw(st.sampled_from([1, 2, 8])),
-                    "gpu": draw(st.sampled_from(["h100-sxm", "a10", "a100-40gb", "cpu"]))},
+                    "gpu": draw(st.sampled_from(["h100-sxm", "a10", "a100-40gb", "v100-32gb", "cpu"])),
+                    "host_memory_gib": draw(st.sampled_from([None, 16, 512]))},
         "training": {"seq_len": draw(st.sampled_from([128, 1024, 4096])),
                      "global_batch": draw(st.sampled_from([1, 8, 30, 64, 256])),
-                     "precision": draw(st.sampled_from(["bf16", "fp32"]))},
+                     "precision": draw(st.sampled_from(["bf16", "fp32", None]))},
         "constraints": {k: v for k, v in draw(constraint_kwargs).items() if v is not None},
     }
+    data["cluster"] = {k: v for k, v in data["cluster"].items() if v is not None}
+    data["training"] = {k: v for k, v in data["training"].items() if v is not None}
     try:
         return intent_from_dict(data)
     except DstkError:
@@ -120,11 +126,17 @@ def test_planner_on_random_intents_keeps_its_own_rules(intent):
         assert l.world_size == cl.world_size and l.global_batch == ctx.training.global_batch
         assert p.estimate.memory.per_gpu.total_bytes <= result.usable_bytes
         assert ctx.model.num_heads % l.tp == 0 and ctx.model.num_kv_heads % l.tp == 0
-        assert l.tp <= cl.gpus_per_node or c.tp_across_nodes
+        assert cl.gpus_per_node % l.tp == 0 or c.tp_across_nodes
         assert l.pp == 1 or l.zero_stage <= 1
+        host = ctx.search.usable_host_bytes
+        assert host is None or p.host_bytes_per_node <= host
         for pin in ("tp", "pp", "dp", "zero_stage", "recompute"):
             assert getattr(c, pin) is None or getattr(l, pin) == getattr(c, pin)
         assert p.why
+    if cl.gpu == "v100-32gb":  # no bf16: fp16 by default, an explicit bf16 is refused above
+        assert ctx.training.precision in ("fp16", "fp32") and intent.training.precision != "bf16"
+    elif intent.training.precision is None:
+        assert ctx.training.precision == "bf16"
     if result.plans:
         fastest = min(p.estimate.time.step_seconds for p in result.plans)
         assert result.plans[0].estimate.time.step_seconds <= fastest * 1.03 + 1e-12

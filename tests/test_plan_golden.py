@@ -15,7 +15,7 @@ from dstk.render import read_megatron_args
 
 CASES_DIR = Path(__file__).resolve().parent / "data" / "plan"
 CASES = sorted(CASES_DIR.rglob("*.yaml"))
-EXPECTED_COUNT = 8
+EXPECTED_COUNT = 10
 
 
 def test_all_cases_are_found():

@@ -105,12 +105,14 @@ def test_empty_search_explains_itself():
 
 
 class _Est:  # plain data standing in for an Estimate's two figures the playbook reads
-    def __init__(self, seconds):
+    def __init__(self, seconds, total_bytes=2**30):
         self.time = type("T", (), {"step_seconds": seconds})()
+        per_gpu = type("M", (), {"total_bytes": total_bytes})()
+        self.memory = type("Mem", (), {"per_gpu": per_gpu, "cpu_bytes": 0})()
 
 
-def _cand(seconds, **layout):
-    return Candidate(layout=Layout(**layout), estimate=_Est(seconds))
+def _cand(seconds, total_gib=1.0, **layout):
+    return Candidate(layout=Layout(**layout), estimate=_Est(seconds, int(total_gib * 2**30)))
 
 
 def test_playbook_picks_the_simplest_within_3_percent():

@@ -1,14 +1,27 @@
 """The hardware catalog: GPUs, networks and the ``Cluster`` the estimator takes as input.
 
 Every figure here is an input to the estimator, never a constant inside a formula: a user
-overrides any field from a YAML/JSON file (``load_catalog``) or a flag (``GPU.replace``).
+overrides any field from a YAML/JSON file (``load_catalog``) or a flag (``GPU.replace``), and
+``dstk doctor --calibrate`` writes measured ones.
 
-Sources of the default figures: vendor datasheets (dense, i.e. without 2:4 sparsity, tensor-core
-peaks; NVLink/Infinity Fabric per-GPU bandwidth as one direction = half the bidirectional figure
-the datasheets print; memory as ``nvidia-smi``/``rocm-smi`` report it). ``achievable_fraction`` is
-the share of peak a large, GEMM-bound transformer step sustains: Korthikanti et al. 2022 Table 5
-measured 51-56% MFU on A100 (>=175B, TP=8, selective recompute); Megatron/Llama-3 reports give
-38-45% on H100, where the higher peak is harder to feed. No torch here.
+Sources of the default figures:
+
+- peaks, memory, links: vendor datasheets (dense, i.e. without 2:4 sparsity, tensor-core peaks;
+  NVLink/Infinity Fabric per-GPU bandwidth as one direction = half the bidirectional figure the
+  datasheets print; memory as ``nvidia-smi``/``rocm-smi`` report it);
+- ``hbm_bytes_per_s``: the datasheet bandwidth x ``HBM_SUSTAINED`` (0.9: what STREAM-style copies
+  sustain, Deakin et al. 2018, BabelStream);
+- ``gemm_efficiency``: one curve per GPU type, ``roofline_curve`` of the datasheet peak and HBM
+  bandwidth with the measured Maximum Achievable Matmul FLOPS as its asymptote (Bekman,
+  ml-engineering ``compute/accelerator`` MAMF table, bf16 ``matmul``: A100 SXM 267.9 of 312
+  TFLOP/s = 85.9%, H100 SXM 80.1%, H100/H200 SXM 80.3%, B200 77.6%, MI250X 76.7%, MI300X 60.1%;
+  0.75 assumed for V100, A10, L40S and H100 PCIe, which the table lacks). Nothing in it is fitted to
+  the published runs the time model is checked against (``benchmarks/estimate_published.py``);
+- ``achievable_fraction``: the share of peak for a model known only by its parameter count (no
+  GEMM shapes): Korthikanti et al. 2022 Table 5 measured 51-56% MFU on A100; Megatron/Llama-3
+  reports give 38-45% on H100.
+
+No torch here.
 """
 
 from __future__ import annotations
@@ -42,20 +55,32 @@ class GPU:
     host_bytes_per_s: float
     """Per-GPU link to host memory (PCIe), one direction: what offload moves over."""
     achievable_fraction: float = 0.5
-    """Share of peak FLOP/s a well-tuned transformer step reaches on this device."""
+    """Share of peak FLOP/s a well-tuned transformer step reaches on this device: the time model's
+    rate where it has no GEMM shapes (a model given by its parameter count) or no curve."""
     intra_node_efficiency: float = 0.8
     """Share of the link bandwidth NCCL's collectives reach (nccl-tests bus bandwidth)."""
     overhead_bytes: int = 2**30
     """Memory the framework takes before any tensor: CUDA context, cuBLAS/NCCL workspaces,
     allocator fragmentation (~0.5-1.5 GiB seen on A100/H100; an input, override it)."""
     hbm_bytes_per_s: float | None = None
-    """Device memory bandwidth, bytes/s: what memory-bound operators (norms, elementwise, softmax,
-    the optimizer step) run at. None: unknown (the time model then falls back to compute only)."""
+    """Sustained device memory bandwidth, bytes/s (a streaming copy's, ~0.9 of the datasheet): what
+    memory-bound operators (norms, elementwise, softmax, the optimizer step) run at. None: unknown
+    (the time model then prices them at zero)."""
     gemm_efficiency: tuple[tuple[float, float], ...] | None = None
     """Share of the dense peak a matrix multiply reaches, as ``(dim, fraction)`` points sorted by
     ``dim``, the smallest of the GEMM's three dimensions (m, n, k); read log-linearly between
     points and clamped outside them (``gemm_fraction``). None: ``achievable_fraction`` for every
     GEMM."""
+    layer_overhead_seconds: float = 0.0
+    """Floor on one transformer layer's forward + backward per micro-batch, whatever its FLOPs and
+    bytes: operator dispatch and kernel launches (~100 operators a layer). Negligible on a GPU
+    at training sizes (launches are asynchronous and ~5 us each: 0 in the catalog); it is what a
+    tiny model on a CPU rank spends its time on (measured for the ``cpu`` entry)."""
+    step_overhead_seconds: float = 0.0
+    """Fixed cost of one optimizer step beyond its layers, whatever the model's size: dispatching the
+    embedding, head and loss, and the engine's own bookkeeping (measured at one micro-batch per step,
+    so priced once per step). 0 in the catalog: negligible on a GPU, and the ``cpu`` entry folds it
+    into ``layer_overhead_seconds``; ``dstk doctor --calibrate`` measures both."""
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:
@@ -70,6 +95,9 @@ class GPU:
                 raise ValueError("gemm_efficiency: expected [dim, fraction] points with dim > 0 increasing "
                                  f"and fraction in (0, 1], got {self.gemm_efficiency!r}")
             object.__setattr__(self, "gemm_efficiency", points)
+        for name in ("layer_overhead_seconds", "step_overhead_seconds"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name}: expected a number >= 0, got {getattr(self, name)!r}")
         if self.hbm_bytes_per_s is not None and not self.hbm_bytes_per_s > 0:
             raise ValueError(f"hbm_bytes_per_s: expected a positive number, got {self.hbm_bytes_per_s!r}")
         for name in ("achievable_fraction", "intra_node_efficiency"):
@@ -130,28 +158,69 @@ class Interconnect:
             raise ValueError(f"efficiency: expected a fraction in (0, 1], got {self.efficiency!r}")
 
 
-def _gpu(slug, name, mem_gib, bf16, fp16, fp32, link_gb, host_gb, frac=0.5, link_eff=0.8, overhead_gib=1.0):
+GEMM_DIMS: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+"""Smallest GEMM dimensions at which the catalog's curves are tabulated."""
+
+HBM_SUSTAINED = 0.9
+"""Share of the datasheet HBM bandwidth a streaming kernel sustains (BabelStream/STREAM-style
+copies reach ~88-92% on A100/H100/MI250X, Deakin et al. 2018, and vendors' own STREAM figures)."""
+
+
+def roofline_curve(*, peak_tflops: float, hbm_gbps: float, mamf: float,
+                   dims: tuple[int, ...] = GEMM_DIMS) -> tuple[tuple[float, float], ...]:
+    """``(dim, fraction)`` points of a GEMM efficiency curve from three published figures: the
+    dense peak, the sustained HBM bandwidth ``B`` and the Maximum Achievable Matmul FLOPS share
+    ``mamf`` (the best large-GEMM rate, measured). A GEMM whose smallest dimension is ``d`` does
+    ``2 m n k`` FLOPs over at least ``~2 m n`` bytes (the two large operands' product, in 16-bit),
+    so it needs ``2mnk / (mamf P)`` seconds of math and ``2mn / B`` of memory; adding the two
+    (a roofline with no overlap at the knee, Williams et al. 2009) gives
+    ``fraction(d) = mamf * d / (d + mamf * P / B)``: half the asymptote at ``d = mamf P/B``
+    (131 on A100-80GB, 210 on H100 SXM)."""
+    knee = mamf * peak_tflops * 1e12 / (hbm_gbps * 1e9 * HBM_SUSTAINED)
+    return tuple((float(d), round(mamf * d / (d + knee), 4)) for d in dims)
+
+
+def _gpu(slug, name, mem_gib, bf16, fp16, fp32, link_gb, host_gb, frac=0.5, link_eff=0.8, overhead_gib=1.0,
+         hbm_gb=None, mamf=None):
+    curve = None
+    if hbm_gb is not None and mamf is not None:
+        curve = roofline_curve(peak_tflops=bf16 if bf16 is not None else fp16, hbm_gbps=hbm_gb, mamf=mamf)
     return GPU(slug=slug, name=name, memory_bytes=int(mem_gib * GiB), bf16_flops=None if bf16 is None else bf16 * TFLOP,
                fp16_flops=fp16 * TFLOP, fp32_flops=fp32 * TFLOP, intra_node_bytes_per_s=link_gb * GB,
                host_bytes_per_s=host_gb * GB, achievable_fraction=frac, intra_node_efficiency=link_eff,
-               overhead_bytes=int(overhead_gib * GiB))
+               overhead_bytes=int(overhead_gib * GiB),
+               hbm_bytes_per_s=None if hbm_gb is None else hbm_gb * GB * HBM_SUSTAINED, gemm_efficiency=curve)
 
 
+# hbm_gb: datasheet bandwidth (GB/s); mamf: Bekman's MAMF table (ml-engineering, compute/accelerator,
+# bf16 matmul: A100 SXM 85.9%, H100 SXM 80.1%, H100/H200 SXM 80.3%, B200 77.6%, MI250X 76.7%,
+# MI300X 60.1%); where the table has no row (V100, A10, L40S, H100 PCIe) 0.75 is assumed.
 GPUS: dict[str, GPU] = {g.slug: g for g in (
-    _gpu("v100-32gb", "NVIDIA V100 SXM2 32GB", 32, None, 125, 15.7, 150, 16, frac=0.45),
-    _gpu("a10", "NVIDIA A10 24GB", 22.5, 125, 125, 31.2, 32, 32, frac=0.4, link_eff=0.7),
-    _gpu("l40s", "NVIDIA L40S 48GB", 45, 362, 362, 91.6, 32, 32, frac=0.4, link_eff=0.7),
-    _gpu("a100-40gb", "NVIDIA A100 SXM4 40GB", 40, 312, 312, 19.5, 300, 32, frac=0.55),
-    _gpu("a100-80gb", "NVIDIA A100 SXM4 80GB", 80, 312, 312, 19.5, 300, 32, frac=0.55),
-    _gpu("h100-sxm", "NVIDIA H100 SXM5 80GB", 79.6, 989, 989, 67, 450, 64, frac=0.45),
-    _gpu("h100-pcie", "NVIDIA H100 PCIe 80GB", 79.6, 756, 756, 51, 64, 64, frac=0.42, link_eff=0.7),
-    _gpu("h200", "NVIDIA H200 SXM 141GB", 140.4, 989, 989, 67, 450, 64, frac=0.47),
-    _gpu("b200", "NVIDIA B200 180GB", 179, 2250, 2250, 80, 900, 64, frac=0.4),
-    _gpu("mi250x", "AMD MI250X (one GCD)", 64, 191.5, 191.5, 47.9, 100, 32, frac=0.35, link_eff=0.7),
-    _gpu("mi300x", "AMD MI300X 192GB", 192, 1307.4, 1307.4, 163.4, 448, 64, frac=0.35, link_eff=0.7),
-    # One CPU rank on gloo (the CPU demo): a few GiB and a core's worth of FLOP/s; shared memory
-    # for the "links". Measured orders of magnitude, meant to be overridden.
-    _gpu("cpu", "CPU rank (gloo)", 8, 0.02, 0.02, 0.05, 2, 10, frac=0.5, link_eff=0.5, overhead_gib=0.5),
+    _gpu("v100-32gb", "NVIDIA V100 SXM2 32GB", 32, None, 125, 15.7, 150, 16, frac=0.45, hbm_gb=900, mamf=0.75),
+    _gpu("a10", "NVIDIA A10 24GB", 22.5, 125, 125, 31.2, 32, 32, frac=0.4, link_eff=0.7, hbm_gb=600, mamf=0.75),
+    _gpu("l40s", "NVIDIA L40S 48GB", 45, 362, 362, 91.6, 32, 32, frac=0.4, link_eff=0.7, hbm_gb=864, mamf=0.75),
+    _gpu("a100-40gb", "NVIDIA A100 SXM4 40GB", 40, 312, 312, 19.5, 300, 32, frac=0.55, hbm_gb=1555, mamf=0.859),
+    _gpu("a100-80gb", "NVIDIA A100 SXM4 80GB", 80, 312, 312, 19.5, 300, 32, frac=0.55, hbm_gb=2039, mamf=0.859),
+    _gpu("h100-sxm", "NVIDIA H100 SXM5 80GB", 79.6, 989, 989, 67, 450, 64, frac=0.45, hbm_gb=3350, mamf=0.801),
+    _gpu("h100-pcie", "NVIDIA H100 PCIe 80GB", 79.6, 756, 756, 51, 64, 64, frac=0.42, link_eff=0.7, hbm_gb=2000,
+         mamf=0.75),
+    _gpu("h200", "NVIDIA H200 SXM 141GB", 140.4, 989, 989, 67, 450, 64, frac=0.47, hbm_gb=4800, mamf=0.803),
+    _gpu("b200", "NVIDIA B200 180GB", 179, 2250, 2250, 80, 900, 64, frac=0.4, hbm_gb=8000, mamf=0.776),
+    _gpu("mi250x", "AMD MI250X (one GCD)", 64, 191.5, 191.5, 47.9, 100, 32, frac=0.35, link_eff=0.7, hbm_gb=1638,
+         mamf=0.767),
+    _gpu("mi300x", "AMD MI300X 192GB", 192, 1307.4, 1307.4, 163.4, 448, 64, frac=0.35, link_eff=0.7, hbm_gb=5300,
+         mamf=0.601),
+    # One CPU rank on gloo (the CPU demo), measured on the project's 2-core machine with torch
+    # 2.13, one thread a rank (`benchmarks/cpu_rank_figures.py`, three runs under varying load):
+    # bf16 matmul 16-35 / 132-397 / 203-448 GFLOP/s at n = 64 / 256 / 512, fp32 47-103, a copy at
+    # 25-58 GB/s, and the tiny Llama's layer (h = 64, 256 tokens) at 6-15 ms forward + backward
+    # in one process whatever its FLOPs; two DeepSpeed ranks sharing the two cores (the README's
+    # fine-tune, ZeRO-0, micro-batch 4) ran 32.6 ms a step, ~14 ms a layer: the floor is that
+    # figure. Orders of magnitude: `dstk doctor --calibrate` or --hardware FILE replaces them.
+    dataclasses.replace(
+        _gpu("cpu", "CPU rank (gloo)", 8, 0.3, 0.3, 0.075, 2, 10, frac=0.5, link_eff=0.5, overhead_gib=0.5),
+        hbm_bytes_per_s=35 * GB, gemm_efficiency=((64.0, 0.08), (256.0, 0.8), (512.0, 1.0)),
+        layer_overhead_seconds=0.014),
 )}
 
 INTERCONNECTS: dict[str, Interconnect] = {i.slug: i for i in (
@@ -311,6 +380,9 @@ class Cluster:
                 raise ValueError(f"{name}: expected a positive integer, got {value!r}")
         if self.num_nodes > 1 and self.interconnect is None:
             raise ValueError("interconnect: a cluster of more than one node needs one (e.g. ib-ndr)")
+        if self.host_memory_bytes is not None and (not isinstance(self.host_memory_bytes, int)
+                                                   or self.host_memory_bytes <= 0):
+            raise ValueError(f"host_memory_bytes: expected a positive byte count, got {self.host_memory_bytes!r}")
 
     @property
     def world_size(self) -> int:

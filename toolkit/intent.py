@@ -106,13 +106,15 @@ class ClusterIntent:
     """Override the GPU's dense 16-bit peak (TFLOP/s)."""
     hardware: str | None = None
     """A YAML/JSON file adding or changing GPUs and networks (the same file `dstk estimate --hardware` reads)."""
+    host_memory_gib: float | None = None
+    """CPU memory of one node (GiB), checked against what CPU offload needs; None: unknown, not checked."""
 
     def __post_init__(self) -> None:
         _positive("cluster.num_nodes", self.num_nodes, allow_none=False)
         _positive("cluster.gpus_per_node", self.gpus_per_node, allow_none=False)
         if not isinstance(self.gpu, str) or not self.gpu:
             raise ValueError(f"cluster.gpu: expected a GPU slug such as h100-sxm, got {self.gpu!r}")
-        for name in ("gpu_memory_gib", "gpu_tflops"):
+        for name in ("gpu_memory_gib", "gpu_tflops", "host_memory_gib"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"cluster.{name}: expected a positive number, got {value!r}")
@@ -136,8 +138,8 @@ class TrainingIntent:
     """Token budget of the run; sets the number of steps and the time-to-train figure."""
     train_steps: int | None = None
     """Optimizer steps; default num_tokens / tokens per step, else 1000."""
-    precision: str = "bf16"
-    """bf16, fp16 or fp32."""
+    precision: str | None = None
+    """bf16, fp16 or fp32; default bf16 where the GPU has it, else fp16 (V100)."""
     optimizer: str = "adamw"
     """adamw, adam, sgd, lion or adafactor."""
     attention: str = "sdpa"
@@ -162,7 +164,7 @@ class TrainingIntent:
     def __post_init__(self) -> None:
         for name in ("seq_len", "global_batch", "global_batch_tokens", "num_tokens", "train_steps", "warmup_steps"):
             _positive(f"training.{name}", getattr(self, name))
-        _choice("training.precision", self.precision, PRECISIONS)
+        _choice("training.precision", self.precision, PRECISIONS, allow_none=True)
         _choice("training.optimizer", self.optimizer, OPTIMIZERS)
         _choice("training.attention", self.attention, ATTENTIONS)
         _choice("training.schedule", self.schedule, SCHEDULES)
@@ -204,11 +206,12 @@ class TrainingIntent:
         return 1000
 
     def to_training(self) -> Training:
-        """The shared ``Training`` the estimator and renderers speak."""
+        """The shared ``Training`` the estimator and renderers speak (an unresolved precision is
+        bf16 here; ``dstk.plan.resolve`` sets it from the GPU first)."""
         return Training(
             seq_len=self.seq_len,
             global_batch=self.sequences_per_step,
-            precision=self.precision,
+            precision=self.precision or "bf16",
             optimizer=self.optimizer,
             attention=self.attention,
             num_tokens=self.num_tokens,
@@ -319,10 +322,13 @@ class Intent:
             )
         if len(pinned) == 3 and product != world:
             raise ValueError(f"constraints.dp: dp x tp x pp = {product} but the cluster has {world} GPUs")
-        if c.tp is not None and c.tp > self.cluster.gpus_per_node and not c.tp_across_nodes:
+        per_node = self.cluster.gpus_per_node
+        if c.tp is not None and per_node % c.tp and not c.tp_across_nodes:
+            fits = ", ".join(str(d) for d in range(1, per_node + 1) if per_node % d == 0)
+            where = "is larger than a node" if c.tp > per_node else "does not divide the GPUs of a node"
             raise ValueError(
-                f"constraints.tp: tp={c.tp} is larger than a node ({self.cluster.gpus_per_node} GPUs)"
-                " -- fix: lower tp, or set tp_across_nodes: true to allow it"
+                f"constraints.tp: tp={c.tp} {where} ({per_node} GPUs), so a TP group would span two nodes"
+                f" -- fix: pick a tp that divides {per_node} ({fits}), or allow it with tp_across_nodes: true (--tp-across-nodes)"
             )
         if c.micro_batch is not None and self.training.sequences_per_step % c.micro_batch:
             raise ValueError(

@@ -58,10 +58,26 @@ class Layout:
     """Interleaved pipeline chunks per rank (Megatron's virtual pipeline); 1 = plain 1F1B."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism over the TP group (needs tp > 1)."""
+    first_stage_layers: int | None = None
+    """Decoder layers on the first pipeline stage (Megatron's ``--decoder-first-pipeline-num-layers``);
+    None: the first stage takes its share of an even split. A multiple of ``virtual_stages``."""
+    last_stage_layers: int | None = None
+    """Decoder layers on the last pipeline stage (``--decoder-last-pipeline-num-layers``); None: an
+    even share. The stages between take the rest evenly (``stage_layer_counts``)."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "micro_batch", "grad_accum", "virtual_stages"):
             _positive(name, getattr(self, name))
+        for name in ("first_stage_layers", "last_stage_layers"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            _positive(name, value)
+            if self.pp == 1:
+                raise ValueError(f"{name}: uneven pipeline stages need pp > 1")
+            if value % self.virtual_stages:
+                raise ValueError(f"{name}: {value} layers do not split into {self.virtual_stages} "
+                                 "interleaved chunks (Megatron needs a multiple of virtual_stages)")
         if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
             raise ValueError(f"zero_stage: expected 0, 1, 2 or 3, got {self.zero_stage!r}")
         _choice("offload_optimizer", self.offload_optimizer, OFFLOADS)
@@ -83,6 +99,16 @@ class Layout:
         return self.dp * self.tp * self.pp
 
     @property
+    def uneven_stages(self) -> bool:
+        """True when the first or the last stage has its own layer count."""
+        return self.first_stage_layers is not None or self.last_stage_layers is not None
+
+    def stage_layers(self, num_layers: int) -> tuple[int, ...]:
+        """Decoder layers per pipeline stage for a model of ``num_layers`` (``stage_layer_counts``)."""
+        return stage_layer_counts(num_layers=num_layers, pp=self.pp, virtual_stages=self.virtual_stages,
+                                  first=self.first_stage_layers, last=self.last_stage_layers)
+
+    @property
     def global_batch(self) -> int:
         """Sequences per optimizer step: micro_batch * grad_accum * dp."""
         return self.micro_batch * self.grad_accum * self.dp
@@ -93,6 +119,46 @@ class Layout:
     @classmethod
     def from_dict(cls, data: dict) -> "Layout":
         return cls(**data)
+
+
+def stage_layer_counts(*, num_layers: int, pp: int, virtual_stages: int = 1, first: int | None = None,
+                       last: int | None = None) -> tuple[int, ...]:
+    """Decoder layers per pipeline stage.
+
+    With ``first``/``last`` given, the rule of megatron-core 0.16.1 (``TransformerConfig.__post_init__``,
+    "Uneven PP", and ``transformer_block.get_num_layers_to_build``): those stages take that many
+    layers, the stages between split the rest evenly, and with interleaving every stage's count is a
+    multiple of ``virtual_stages``. Without them an even split, the remainder on the first stages
+    (what the estimator assumes for DeepSpeed's pipeline engine, whose partitioner balances
+    parameters itself). A split Megatron cannot build is a ``ValueError``.
+    """
+    _positive("num_layers", num_layers)
+    _positive("pp", pp)
+    if first is None and last is None:
+        if num_layers < pp:
+            raise ValueError(f"pp: cannot put {num_layers} layers on {pp} stages")
+        base, extra = divmod(num_layers, pp)
+        return tuple(base + (1 if i < extra else 0) for i in range(pp))
+    if pp == 1:
+        raise ValueError("first_stage_layers: uneven pipeline stages need pp > 1")
+    ends = [n for n in (first, last) if n is not None]
+    for n in ends:
+        _positive("first_stage_layers", n)
+        if n % virtual_stages:
+            raise ValueError(f"virtual_stages: an end stage of {n} layers does not split into {virtual_stages} chunks")
+    rest, middle = num_layers - sum(ends), pp - len(ends)
+    if (middle == 0) != (rest == 0) or rest < 0 or (middle and rest % middle):
+        raise ValueError(f"first_stage_layers: {num_layers} layers less first={first}, last={last} leave {rest} "
+                         f"for {middle} middle stage(s); they must split evenly (at least one layer each)")
+    each = rest // middle if middle else 0
+    if middle and each % virtual_stages:
+        raise ValueError(f"virtual_stages: {each} layers per middle stage do not split into {virtual_stages} chunks")
+    counts = [each] * pp
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    return tuple(counts)
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)

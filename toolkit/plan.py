@@ -3,17 +3,20 @@
     plan(search=Search(...), estimate=fn) -> PlanResult
 
 1. **Enumerate** (``candidate_layouts``): dp x tp x pp = GPUs; tp divides the attention and KV
-   heads and stays inside a node (unless allowed); pp <= layers (uneven splits allowed);
+   heads and the GPUs per node, so a TP group never spans nodes (unless allowed); pp <= layers
+   (Megatron's uneven first/last stages where the layers do not split evenly: ``stage_splits``);
    global batch = micro x grad-accum x dp; ZeRO 0-3 (0/1 with a pipeline: DeepSpeed's
    ``PipelineEngine`` asserts it); optimizer/parameter offload (ZeRO >= 1 / ZeRO-3, pp = 1);
    recompute; interleaved stages (Megatron only). With a pipeline, at least 4 x pp micro-batches
    per step unless the batch is too small for that (then the most micro-batches possible).
 2. **Drop** what does not fit: predicted per-GPU bytes > overhead + (GPU memory - overhead) x
-   (1 - headroom), the overhead being the estimate's fixed CUDA context and NCCL term. Memory
+   (1 - headroom), the overhead being the estimate's fixed CUDA context and NCCL term; and, when
+   the node's memory is known, offload whose host RAM per node exceeds it x (1 - headroom). Memory
    grows with the micro-batch, so the micro-batch loop stops at the first one that does not fit.
-3. **Rank** by predicted step time, then apply the playbook as tie-breaker: the simplest layout
-   within 3% of the fastest wins (plain DP before ZeRO, ZeRO before TP, TP before PP), since the
-   estimate is not 3% accurate and simpler layouts fail less (Narayanan et al. 2021, takeaways 1-2;
+3. **Rank** by predicted step time, then apply the playbook as tie-breaker within 3% of the
+   fastest (``tie_key``): not tight (<= 90% of usable memory) first, then the simplest (plain DP
+   before ZeRO, ZeRO before TP, TP before PP), then the most free memory, since the estimate is
+   not 3% accurate and simpler, roomier layouts fail less (Narayanan et al. 2021, takeaways 1-2;
    HF's "which ZeRO stage" guide).
 4. **Explain**: why the winner wins and why the best of each other kind loses, with figures;
    when nothing fits, the smallest changes that would (``suggest_fixes``).
@@ -25,6 +28,7 @@ nothing of DeepSpeed key names.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,7 +36,14 @@ from dstk.intent import Constraints
 from dstk.layout import Layout
 
 TIE_FRACTION = 0.03
-"""Layouts within 3% of the fastest count as tied; the simplest of them wins."""
+"""Layouts within 3% of the fastest count as tied; ``tie_key`` orders them."""
+TIGHT_FRACTION = 0.9
+"""In the tie band, a layout using more than 90% of the usable memory counts as tight and yields to
+one that does not: the memory estimate and the allocator both err, and a run at 99% of its budget
+is the one that dies of an out-of-memory error at step 1,000 on a longer batch."""
+VIRTUAL_STAGES = (1, 2, 3, 4, 6, 8)
+"""Interleaved chunks per pipeline rank the megatron engine considers (3 is what Korthikanti et al.
+2022 ran for 175B and 530B: 96 and 105 layers)."""
 MIN_MICRO_PER_STAGE = 4
 """With a pipeline, aim for >= 4 x pp micro-batches per step (bubble (p-1)/m <= 25%)."""
 
@@ -52,6 +63,8 @@ class Search:
     """Memory of one GPU."""
     overhead_bytes: int = 0
     """The fixed per-GPU overhead (CUDA context, NCCL) that every estimate's total already holds."""
+    host_memory_bytes: int | None = None
+    """CPU memory of one node, for the host RAM that offload needs; None: unknown (not checked)."""
     constraints: Constraints = dataclasses.field(default_factory=Constraints)
 
     @property
@@ -64,6 +77,18 @@ class Search:
         """
         free = self.capacity_bytes - self.overhead_bytes
         return int(self.overhead_bytes + free * (1.0 - self.constraints.memory_headroom))
+
+    @property
+    def usable_host_bytes(self) -> int | None:
+        """``host_memory x (1 - headroom)``: the same margin as on the GPU, for the OS, the data
+        loaders and the framework's own host memory. None when the node's memory is unknown."""
+        if self.host_memory_bytes is None:
+            return None
+        return int(self.host_memory_bytes * (1.0 - self.constraints.memory_headroom))
+
+    def host_bytes_per_node(self, estimate: Any) -> int:
+        """Host RAM a node needs for offload: the estimate's per-rank CPU bytes x ranks per node."""
+        return int(getattr(estimate.memory, "cpu_bytes", 0) or 0) * min(self.gpus_per_node, self.world_size)
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
@@ -88,10 +113,17 @@ class Plan:
     layout: Layout
     estimate: Any
     why: tuple[str, ...]
+    host_bytes_per_node: int = 0
+    """Host RAM the layout's offload needs on each node (per-rank CPU bytes x ranks per node)."""
+    host_memory_bytes: int | None = None
+    """The node's memory it was checked against; None: unknown, not checked."""
 
     def to_dict(self) -> dict:
         est = self.estimate.to_dict()
-        return {"layout": self.layout.to_dict(), "memory": est["memory"], "time": est["time"], "why": list(self.why)}
+        memory = dict(est["memory"])
+        memory["host"] = {"per_node_bytes": self.host_bytes_per_node, "node_memory_bytes": self.host_memory_bytes,
+                          "checked": self.host_memory_bytes is not None}
+        return {"layout": self.layout.to_dict(), "memory": memory, "time": est["time"], "why": list(self.why)}
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
@@ -99,9 +131,12 @@ class Rejection:
     layout: Layout
     reason: str
     total_bytes: int | None = None
+    host_bytes_per_node: int | None = None
+    """Set when the layout fits on the GPU but its offload does not fit in the node's host RAM."""
 
     def to_dict(self) -> dict:
-        return {"layout": self.layout.to_dict(), "reason": self.reason, "total_bytes": self.total_bytes}
+        return {"layout": self.layout.to_dict(), "reason": self.reason, "total_bytes": self.total_bytes,
+                "host_bytes_per_node": self.host_bytes_per_node}
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
@@ -139,8 +174,8 @@ def tensor_degrees(s: Search) -> list[int]:
     for tp in divisors(s.world_size):
         if s.num_heads % tp or s.num_kv_heads % tp:
             continue  # AutoTP and Megatron both split whole heads (and KV heads) per rank
-        if tp > s.gpus_per_node and not c.tp_across_nodes:
-            continue  # TP all-reduces every layer: keep it on the intra-node links
+        if s.gpus_per_node % tp and not c.tp_across_nodes:
+            continue  # TP all-reduces every layer: a group must sit inside one node (tp=3 on 8 would straddle two)
         if c.max_tp is not None and tp > c.max_tp:
             continue
         if c.tp is not None and tp != c.tp:
@@ -219,9 +254,53 @@ def virtual_choices(s: Search, *, pp: int, grad_accum: int) -> list[int]:
     if c.engine != "megatron" or pp == 1:
         out = [1]
     else:
-        # Megatron's interleaved schedule: layers split evenly into pp x v chunks, micro-batches a multiple of pp.
-        out = [v for v in (1, 2, 4, 8) if v == 1 or (s.num_layers % (pp * v) == 0 and grad_accum % pp == 0)]
+        # Megatron's interleaved schedule: every stage's layers split into v chunks (evenly, or with
+        # uneven first/last stages: stage_splits), micro-batches a multiple of pp.
+        out = [v for v in VIRTUAL_STAGES if v == 1 or (stage_splits(s.num_layers, pp, v) and grad_accum % pp == 0)]
     return [v for v in out if c.virtual_stages is None or v == c.virtual_stages]
+
+
+@functools.lru_cache(maxsize=4096)
+def stage_splits(num_layers: int, pp: int, v: int = 1) -> tuple[tuple[int | None, int | None], ...]:
+    """(first, last) stage layer counts to consider for ``pp`` stages of ``v`` chunks each, for the
+    megatron engine; ``(None, None)`` is the even split. Empty when Megatron cannot build any.
+
+    Even when ``num_layers`` divides into pp x v chunks. Otherwise megatron-core 0.16.1's uneven
+    stages (``num_layers_in_first/last_pipeline_stage``): the middle stages even, every count a
+    multiple of v. The middle count is the one that makes the fullest stage smallest (the step runs
+    at the pace of the slowest stage), and the ends share the rest two ways: balanced (the last stage
+    also computes the output layer) and lighter-first (the first stage holds the embedding and, in
+    1F1B, the most in-flight micro-batches: pp of them against one on the last). The estimator ranks
+    the two; on a tie the planner prefers the one with more free memory, usually the lighter first.
+    126 layers on pp 16 with v = 2: first 6, then 15 stages of 8.
+    """
+    if num_layers < pp:
+        return ()
+    if num_layers % (pp * v) == 0 or pp == 1:
+        return ((None, None),)
+    if num_layers % v:
+        return ()
+    best = None
+    for middle in (range(v, num_layers + 1, v) if pp > 2 else (0,)):
+        rest = num_layers - (pp - 2) * middle
+        if rest < 2 * v:
+            break
+        fullest = max(middle, -(-rest // (2 * v)) * v)
+        if best is None or (fullest, -middle) < best[0]:
+            best = ((fullest, -middle), middle, rest)
+    if best is None or (v > 1 and best[0][0] > -(-num_layers // (pp * v)) * v):
+        return ()  # interleaving that would overfill a stage beyond the even share in whole chunks
+    (fullest, _), middle, rest = best
+    out = []
+    for last in (rest - (rest // 2) // v * v, min(fullest, rest - v)):  # balanced, then lighter-first
+        first = rest - last
+        if pp == 2:
+            split = (first, None)
+        else:
+            split = (None if first == middle else first, None if last == middle else last)
+        if split not in out:
+            out.append(split)
+    return tuple(out)
 
 
 def candidate_layouts(s: Search) -> Iterator[list[Layout]]:
@@ -239,19 +318,22 @@ def candidate_layouts(s: Search) -> Iterator[list[Layout]]:
                     for recompute in recompute_choices(s):
                         for v in sorted({v for m in micros for v in virtual_choices(
                                 s, pp=pp, grad_accum=s.global_batch // (dp * m))}):
-                            group = []
-                            for micro in micros:
-                                grad_accum = s.global_batch // (dp * micro)
-                                if v not in virtual_choices(s, pp=pp, grad_accum=grad_accum):
-                                    continue
-                                group.append(Layout(
-                                    dp=dp, tp=tp, pp=pp, zero_stage=zero, offload_optimizer=opt,
-                                    offload_params=par, micro_batch=micro, grad_accum=grad_accum,
-                                    recompute=recompute, virtual_stages=v,
-                                    sequence_parallel=megatron and tp > 1,
-                                ))
-                            if group:
-                                yield group
+                            splits = stage_splits(s.num_layers, pp, v) if megatron else ((None, None),)
+                            for first, last in splits:
+                                group = []
+                                for micro in micros:
+                                    grad_accum = s.global_batch // (dp * micro)
+                                    if v not in virtual_choices(s, pp=pp, grad_accum=grad_accum):
+                                        continue
+                                    group.append(Layout(
+                                        dp=dp, tp=tp, pp=pp, zero_stage=zero, offload_optimizer=opt,
+                                        offload_params=par, micro_batch=micro, grad_accum=grad_accum,
+                                        recompute=recompute, virtual_stages=v,
+                                        sequence_parallel=megatron and tp > 1,
+                                        first_stage_layers=first, last_stage_layers=last,
+                                    ))
+                                if group:
+                                    yield group
 
 
 def empty_search_reason(s: Search) -> str | None:
@@ -275,7 +357,7 @@ def empty_search_reason(s: Search) -> str | None:
 
 def simplicity(layout: Layout) -> tuple:
     """Sort key of the playbook: plain DP, then ZeRO 1-3, then offload, then TP, then PP;
-    less recompute and fewer interleaved chunks before more."""
+    less recompute, fewer interleaved chunks and even pipeline stages before the rest."""
     return (
         layout.pp > 1,
         layout.tp > 1,
@@ -284,21 +366,34 @@ def simplicity(layout: Layout) -> tuple:
         layout.zero_stage,
         ("none", "selective", "full").index(layout.recompute),
         layout.virtual_stages,
+        layout.uneven_stages,
         layout.pp,
         layout.tp,
     )
 
 
-def pick(candidates: list[Candidate], *, tie_fraction: float = TIE_FRACTION) -> list[Candidate]:
-    """Order fitting candidates best first: the simplest within ``tie_fraction`` of the fastest,
-    then everything else by step time."""
+def is_tight(candidate: Candidate, usable_bytes: int | None) -> bool:
+    """More than ``TIGHT_FRACTION`` of the usable memory per GPU."""
+    return usable_bytes is not None and candidate.total_bytes > TIGHT_FRACTION * usable_bytes
+
+
+def tie_key(candidate: Candidate, usable_bytes: int | None) -> tuple:
+    """How the playbook orders layouts inside the tie band: a tight layout last, then the
+    simplicity order, then the one with the most free memory (the smaller total), then the faster."""
+    return (is_tight(candidate, usable_bytes), simplicity(candidate.layout), candidate.total_bytes,
+            candidate.step_seconds)
+
+
+def pick(candidates: list[Candidate], *, tie_fraction: float = TIE_FRACTION,
+         usable_bytes: int | None = None) -> list[Candidate]:
+    """Order fitting candidates best first: among those within ``tie_fraction`` of the fastest,
+    the first by ``tie_key`` (not tight, simplest, most free memory); then everything else by step time."""
     if not candidates:
         return []
-    by_time = sorted(candidates, key=lambda c: (c.step_seconds, simplicity(c.layout)))
+    by_time = sorted(candidates, key=lambda c: (c.step_seconds, simplicity(c.layout), c.total_bytes))
     fastest = by_time[0].step_seconds
     tied = [c for c in by_time if c.step_seconds <= fastest * (1 + tie_fraction)]
-    # Equal predictions: the larger micro-batch (fewer accumulation rounds; real kernels like it).
-    winner = min(tied, key=lambda c: (simplicity(c.layout), c.step_seconds, -c.layout.micro_batch))
+    winner = min(tied, key=lambda c: tie_key(c, usable_bytes))
     return [winner] + [c for c in by_time if c is not winner]
 
 
@@ -316,6 +411,10 @@ def describe(layout: Layout) -> str:
         parts.append(f"tp={layout.tp}" + ("+sp" if layout.sequence_parallel else ""))
     if layout.pp > 1:
         parts.append(f"pp={layout.pp}" + (f"x{layout.virtual_stages}" if layout.virtual_stages > 1 else ""))
+        if layout.first_stage_layers is not None:
+            parts.append(f"first={layout.first_stage_layers}")
+        if layout.last_stage_layers is not None:
+            parts.append(f"last={layout.last_stage_layers}")
     parts.append(f"ZeRO-{layout.zero_stage}")
     if layout.offload_optimizer != "none":
         parts.append(f"opt->{layout.offload_optimizer}")
@@ -350,6 +449,26 @@ def _simpler_reason(a: Layout, b: Layout) -> str:
         return f"ZeRO-{a.zero_stage} instead of ZeRO-{b.zero_stage}"
     if a.recompute != b.recompute:
         return f"recompute {a.recompute} instead of {b.recompute}"
+    if a.virtual_stages != b.virtual_stages:
+        return f"{a.virtual_stages} interleaved chunk(s) instead of {b.virtual_stages}"
+    if a.uneven_stages != b.uneven_stages:
+        return "even pipeline stages"
+    return "fewer moving parts"
+
+
+def tie_reason(winner: Candidate, other: Candidate, *, usable_bytes: int | None) -> str:
+    """Why ``winner`` beats ``other`` inside the tie band, in the order of ``tie_key``."""
+    def free(c: Candidate) -> str:
+        return gib(usable_bytes - c.total_bytes) if usable_bytes is not None else "?"
+
+    if is_tight(winner, usable_bytes) != is_tight(other, usable_bytes):
+        return (f"headroom: {free(winner)} free per GPU instead of {free(other)} (the other uses "
+                f"{other.total_bytes / usable_bytes:.0%} of the usable memory; "
+                f"over {TIGHT_FRACTION:.0%} counts as tight)")
+    if simplicity(winner.layout) != simplicity(other.layout):
+        return _simpler_reason(winner.layout, other.layout)
+    if winner.total_bytes != other.total_bytes:
+        return f"more headroom: {free(winner)} free per GPU instead of {free(other)}"
     return "fewer moving parts"
 
 
@@ -357,13 +476,14 @@ def _time(est) -> Any:
     return est.time
 
 
-def loss_reason(alt: Candidate, winner: Candidate) -> str:
+def loss_reason(alt: Candidate, winner: Candidate, *, usable_bytes: int | None = None) -> str:
     """One line: why ``alt`` (the best of its kind) loses to ``winner``, with the figure that matters."""
     t = _time(alt.estimate)
     ratio = alt.step_seconds / winner.step_seconds if winner.step_seconds else float("inf")
     head = f"{kind(alt.layout)} ({describe(alt.layout)}): {alt.step_seconds:.3g} s/step, {ratio:.2f}x the winner"
-    if ratio < 1:  # faster, but inside the tie band: the playbook chose the simpler layout
-        return f"{head}; within {TIE_FRACTION:.0%}, and {_simpler_reason(winner.layout, alt.layout)} wins the tie"
+    if ratio <= 1:  # as fast or faster, but inside the tie band: the playbook's order decided
+        reason = tie_reason(winner, alt, usable_bytes=usable_bytes)
+        return f"{head}; within {TIE_FRACTION:.0%}, and {reason} wins the tie"
     layout = alt.layout
     compute = getattr(t, "compute_seconds", None) or 0.0
     comm = getattr(t, "comm_seconds", None) or 0.0
@@ -397,7 +517,9 @@ def why_lines(ordered: list[Candidate], *, usable_bytes: int, capacity_bytes: in
     """Why the winner wins and why the best of each other kind loses."""
     winner = ordered[0]
     t = _time(winner.estimate)
-    fastest = min(ordered, key=lambda c: c.step_seconds)
+    # The fastest layout the playbook passed over, if any was at least as fast as the winner.
+    faster = [c for c in ordered[1:] if c.step_seconds <= winner.step_seconds]
+    fastest = min(faster, key=lambda c: c.step_seconds) if faster else winner
     lines = []
     mfu = getattr(t, "mfu", None)
     tps = getattr(t, "tokens_per_second", None)
@@ -406,16 +528,18 @@ def why_lines(ordered: list[Candidate], *, usable_bytes: int, capacity_bytes: in
         figures += f", {tps:,.0f} tokens/s"
     if mfu:
         figures += f", MFU {mfu:.0%}"
-    lead = "fastest" if fastest is winner else "simplest within 3% of the fastest"
+    lead = ("fastest" if fastest is winner or fastest.step_seconds == winner.step_seconds
+            else f"the playbook's pick within {tie_fraction:.0%} of the fastest")
     lines.append(
         f"{describe(winner.layout)}: {lead} of {num_fitting} layouts that fit: {figures}; "
         f"{gib(winner.total_bytes)} of {gib(usable_bytes)} usable per GPU ({gib(capacity_bytes)} total)"
     )
     if fastest is not winner:
         gain = winner.step_seconds / fastest.step_seconds - 1
+        speed = "as fast" if gain < 5e-4 else f"{gain:.1%} faster"
         lines.append(
-            f"chosen over {describe(fastest.layout)} ({gain:.1%} faster, within {tie_fraction:.0%}): "
-            f"{_simpler_reason(winner.layout, fastest.layout)}"
+            f"chosen over {describe(fastest.layout)} ({speed}, within {tie_fraction:.0%}): "
+            f"{tie_reason(winner, fastest, usable_bytes=usable_bytes)}"
         )
     seen = {kind(winner.layout)}
     for alt in ordered[1:]:
@@ -423,9 +547,14 @@ def why_lines(ordered: list[Candidate], *, usable_bytes: int, capacity_bytes: in
         if k in seen:
             continue
         seen.add(k)
-        lines.append(loss_reason(alt, winner))
+        lines.append(loss_reason(alt, winner, usable_bytes=usable_bytes))
     for k, miss in (by_kind_missing or {}).items():
-        if k not in seen and miss.total_bytes is not None:
+        if k in seen:
+            continue
+        if miss.host_bytes_per_node is not None:
+            seen.add(k)
+            lines.append(f"{k} does not fit: {describe(miss.layout)} {miss.reason}")
+        elif miss.total_bytes is not None:
             seen.add(k)
             lines.append(f"{k} does not fit: {describe(miss.layout)} needs {gib(miss.total_bytes)} "
                          f"of {gib(usable_bytes)} usable")
@@ -435,10 +564,28 @@ def why_lines(ordered: list[Candidate], *, usable_bytes: int, capacity_bytes: in
 # --- the search ---------------------------------------------------------------------------------
 
 
-def plan(*, search: Search, estimate: Callable[[Layout], Any], top: int | None = None) -> PlanResult:
+def host_line(search: Search, estimate: Any) -> str | None:
+    """The why line about host RAM for a layout that offloads: the figure per node, and whether it
+    was checked against the node's memory."""
+    need = search.host_bytes_per_node(estimate)
+    if not need:
+        return None
+    ranks = min(search.gpus_per_node, search.world_size)
+    figure = f"offload needs {gib(need)} of host RAM per node ({gib(need / ranks)} per rank x {ranks})"
+    if search.host_memory_bytes is None:
+        return (f"{figure}; the node's memory is unknown, so this is unchecked "
+                f"(set cluster.host_memory_gib or --host-memory GIB)")
+    return (f"{figure}: fits in {gib(search.usable_host_bytes)} usable of the node's "
+            f"{gib(search.host_memory_bytes)}")
+
+
+def plan(*, search: Search, estimate: Callable[[Layout], Any], top: int | None = None,
+         notes: tuple[str, ...] = ()) -> PlanResult:
     """Search, filter, rank, explain. ``estimate(layout)`` is ``dstk.estimate.estimate`` bound to
-    the model, training and cluster."""
+    the model, training and cluster; ``notes`` are why lines the caller adds to the winner's
+    (choices made before the search, such as the precision)."""
     usable = search.usable_bytes
+    usable_host = search.usable_host_bytes
     fitting: list[Candidate] = []
     closest: dict[str, Rejection] = {}
     considered = 0
@@ -449,7 +596,8 @@ def plan(*, search: Search, estimate: Callable[[Layout], Any], top: int | None =
             total = est.memory.per_gpu.total_bytes
             if total > usable:
                 k = kind(layout)
-                if k not in closest or total < closest[k].total_bytes:
+                prior = closest.get(k)  # a layout that fits the GPU but not the host is the closer miss
+                if prior is None or (prior.host_bytes_per_node is None and total < (prior.total_bytes or 0)):
                     closest[k] = Rejection(
                         layout=layout,
                         reason=f"needs {gib(total)} per GPU, {gib(usable)} usable "
@@ -457,19 +605,39 @@ def plan(*, search: Search, estimate: Callable[[Layout], Any], top: int | None =
                         total_bytes=total,
                     )
                 break  # larger micro-batches need more memory still
+            host = search.host_bytes_per_node(est)
+            if usable_host is not None and host > usable_host:
+                k = kind(layout)
+                prior = closest.get(k)
+                if prior is None or prior.host_bytes_per_node is None or prior.host_bytes_per_node > host:
+                    ranks = min(search.gpus_per_node, search.world_size)
+                    closest[k] = Rejection(
+                        layout=layout,
+                        reason=f"needs {gib(host)} of host RAM per node for offload ({gib(host / ranks)} per rank "
+                        f"x {ranks}), {gib(usable_host)} usable of the node's {gib(search.host_memory_bytes)}",
+                        total_bytes=total, host_bytes_per_node=host,
+                    )
+                break  # the host RAM offload needs does not shrink with a larger micro-batch
             fitting.append(Candidate(layout=layout, estimate=est))
-    ordered = pick(fitting)
+    ordered = pick(fitting, usable_bytes=usable)
     plans = []
     if ordered:
         why = why_lines(ordered, usable_bytes=usable, capacity_bytes=search.capacity_bytes,
                         num_fitting=len(fitting), by_kind_missing=closest)
-        plans.append(Plan(layout=ordered[0].layout, estimate=ordered[0].estimate, why=tuple(why)))
+        extra = host_line(search, ordered[0].estimate)
+        why += ([extra] if extra else []) + list(notes)
+        host = {"host_memory_bytes": search.host_memory_bytes}
+        plans.append(Plan(layout=ordered[0].layout, estimate=ordered[0].estimate, why=tuple(why),
+                          host_bytes_per_node=search.host_bytes_per_node(ordered[0].estimate), **host))
         rest = ordered[1:] if top is None else ordered[1:top]
         for c in rest:
-            plans.append(Plan(layout=c.layout, estimate=c.estimate, why=(loss_reason(c, ordered[0]),)))
+            plans.append(Plan(layout=c.layout, estimate=c.estimate,
+                              why=(loss_reason(c, ordered[0], usable_bytes=usable),),
+                              host_bytes_per_node=search.host_bytes_per_node(c.estimate), **host))
     return PlanResult(
         plans=tuple(plans),
-        rejected=tuple(sorted(closest.values(), key=lambda r: r.total_bytes or 0)),
+        rejected=tuple(sorted(closest.values(), key=lambda r: (r.host_bytes_per_node is None,
+                                                                r.host_bytes_per_node or r.total_bytes or 0))),
         num_considered=considered,
         num_fitting=len(fitting),
         usable_bytes=usable,
@@ -492,11 +660,22 @@ class Context:
     """``dstk.layout.Training``."""
     search: Search
     capacity_bytes: int
+    notes: tuple[str, ...] = ()
+    """Why lines about choices made while resolving (the precision)."""
+
+    def buffers(self, layout: Layout):
+        """(ZeRO buffers, why lines) that ``dstk generate`` writes for ``layout`` (``dstk.estimate.buckets``)."""
+        from dstk.estimate.buckets import choose_buffers
+
+        return choose_buffers(model=self.model, layout=layout, training=self.training, cluster=self.cluster)
 
     def estimate(self, layout: Layout):
+        """The estimate of ``layout`` with the buffers its generated config carries: the plan's figure
+        is the estimate of exactly that file."""
         from dstk.estimate import estimate
 
-        return estimate(model=self.model, layout=layout, training=self.training, cluster=self.cluster)
+        return estimate(model=self.model, layout=layout, training=self.training, cluster=self.cluster,
+                        buffers=self.buffers(layout)[0], engine=self.intent.constraints.engine)
 
 
 def resolve(intent) -> Context:
@@ -525,19 +704,49 @@ def resolve(intent) -> Context:
     if cl.gpu_memory_gib is not None:
         changes["memory_bytes"] = int(cl.gpu_memory_gib * 2**30)
     if cl.gpu_tflops is not None:
-        changes.update(bf16_flops=cl.gpu_tflops * 1e12, fp16_flops=cl.gpu_tflops * 1e12)
+        changes.update(bf16_flops=None if gpu.bf16_flops is None else cl.gpu_tflops * 1e12,
+                       fp16_flops=cl.gpu_tflops * 1e12)
     if changes:
         gpu = dc.replace(gpu, **changes)
     net = hardware.get_interconnect(cl.interconnect or hardware.default_interconnect(gpu.slug), catalog=nets)
-    cluster = hardware.Cluster(num_nodes=cl.num_nodes, gpus_per_node=cl.gpus_per_node, gpu=gpu, interconnect=net)
+    host = None if cl.host_memory_gib is None else int(cl.host_memory_gib * 2**30)
+    cluster = hardware.Cluster(num_nodes=cl.num_nodes, gpus_per_node=cl.gpus_per_node, gpu=gpu, interconnect=net,
+                               host_memory_bytes=host)
+    precision, note = choose_precision(requested=intent.training.precision, gpu=gpu)
+    if precision != intent.training.precision:
+        intent = dc.replace(intent, training=dc.replace(intent.training, precision=precision))
     training = intent.training.to_training()
     search = Search(
         world_size=cl.world_size, gpus_per_node=cl.gpus_per_node, num_layers=spec.num_layers,
         num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, global_batch=training.global_batch,
-        capacity_bytes=gpu.memory_bytes, overhead_bytes=gpu.overhead_bytes, constraints=intent.constraints,
+        capacity_bytes=gpu.memory_bytes, overhead_bytes=gpu.overhead_bytes, host_memory_bytes=host,
+        constraints=intent.constraints,
     )
     return Context(intent=intent, model=spec, cluster=cluster, training=training, search=search,
-                   capacity_bytes=gpu.memory_bytes)
+                   capacity_bytes=gpu.memory_bytes, notes=(note,))
+
+
+def choose_precision(*, requested: str | None, gpu: Any) -> tuple[str, str]:
+    """The training precision for ``gpu`` and the why line that says so.
+
+    Unset: bf16 where the GPU has bf16 arithmetic (``GPU.bf16_flops`` is not None: Ampere and later,
+    MI200 and later, CPU ranks), else fp16 with dynamic loss scaling (V100 has no bf16 tensor cores;
+    NVIDIA's V100 datasheet lists fp16/fp32/fp64 only). An explicit bf16 on such a GPU is refused.
+    """
+    from dstk.errors import DstkError
+
+    has_bf16 = gpu.bf16_flops is not None
+    if requested == "bf16" and not has_bf16:
+        raise DstkError(f"training.precision: bf16 on {gpu.name}, which has no bf16 tensor cores (bf16 would "
+                        "run emulated, far below the GPU's fp16 peak, if at all)",
+                        hint="use --precision fp16 (dynamic loss scaling) or fp32, or leave the precision unset: "
+                             "dstk then picks fp16 on this GPU")
+    if requested is not None:
+        return requested, f"precision {requested}: as the intent asks"
+    if has_bf16:
+        return "bf16", f"precision bf16 (the default): {gpu.name} has bf16, which needs no loss scaling"
+    return "fp16", (f"precision fp16 (the default): {gpu.name} has no bf16, so fp16 with dynamic loss "
+                    f"scaling; --precision fp32 for full precision")
 
 
 def _spec_value(spec: Any, *names: str) -> Any:
@@ -576,12 +785,21 @@ def plan_intent(ctx: Context, *, top: int | None = None) -> PlanResult:
     if reason is not None:
         raise DstkError(f"no layout is consistent with the intent: {reason.split('; ')[0]}",
                         hint=reason.split("; ", 1)[-1])
-    return plan(search=ctx.search, estimate=ctx.estimate, top=top)
+    result = plan(search=ctx.search, estimate=ctx.estimate, top=top, notes=ctx.notes)
+    if result.plans:  # the winner's why lines also say which buffer sizes its config carries
+        best = result.plans[0]
+        best = dataclasses.replace(best, why=best.why + ctx.buffers(best.layout)[1])
+        result = dataclasses.replace(result, plans=(best,) + result.plans[1:])
+    return result
 
 
 def nothing_fits_message(ctx: Context, result: PlanResult) -> str:
     s = ctx.search
     world = f"{ctx.intent.cluster.num_nodes} x {ctx.intent.cluster.gpus_per_node} {ctx.intent.cluster.gpu}"
+    if result.rejected and result.rejected[0].host_bytes_per_node is not None:
+        best = result.rejected[0]
+        return (f"nothing fits on {world}: of {result.num_considered} layouts, the closest, {describe(best.layout)}, "
+                f"fits on the GPU but {best.reason}")
     if result.rejected:
         best = result.rejected[0]
         return (f"nothing fits on {world}: the smallest of {result.num_considered} layouts, "
@@ -610,6 +828,11 @@ def _variants(intent) -> Iterator[tuple[str, Any]]:
             c, offload=True, offload_optimizer=None, offload_params=None))
     if c.max_tp is not None:
         yield "drop max_tp", with_(constraints=dataclasses.replace(c, max_tp=None))
+    if cl.host_memory_gib is not None:
+        for factor in (2, 4, 8):
+            gib_ = cl.host_memory_gib * factor
+            yield (f"more host RAM: {gib_:g} GiB per node",
+                   with_(cluster=dataclasses.replace(cl, host_memory_gib=gib_)))
     per_node = cl.gpus_per_node
     while per_node < 8:  # fill the node first: more GPUs on the fast intra-node links
         per_node *= 2
@@ -659,7 +882,7 @@ def plan_document(ctx: Context, result: PlanResult, *, index: int = 0) -> dict:
     entry = chosen.to_dict()
     if index != 0:
         entry["why"] = [f"picked by hand (--pick {index + 1}); the planner's choice was "
-                        f"{describe(result.plans[0].layout)}"] + entry["why"]
+                        f"{describe(result.plans[0].layout)}"] + entry["why"] + list(ctx.buffers(chosen.layout)[1])
     cl = ctx.intent.cluster
     doc = {
         "dstk_version": __version__,
@@ -672,6 +895,7 @@ def plan_document(ctx: Context, result: PlanResult, *, index: int = 0) -> dict:
             "gpu_memory_bytes": ctx.capacity_bytes,
             "usable_bytes": result.usable_bytes,
             "memory_headroom": ctx.intent.constraints.memory_headroom,
+            "host_memory_bytes": ctx.search.host_memory_bytes,
         },
         "training": {**ctx.training.to_dict(), "train_steps": ctx.intent.training.steps,
                      "lr": ctx.intent.training.lr, "schedule": ctx.intent.training.schedule},
@@ -718,6 +942,7 @@ def run_dir_files(ctx: Context, result: PlanResult, *, index: int = 0) -> dict[s
         plan=doc, layout=layout, training=ctx.intent.training, model=model_dims(doc["model"], ctx.model),
         num_nodes=ctx.intent.cluster.num_nodes, gpus_per_node=ctx.intent.cluster.gpus_per_node,
         cpu=ctx.intent.cluster.gpu == "cpu", nvme_path=ctx.intent.constraints.nvme_path,
+        buffers=ctx.buffers(layout)[0],
     )
     validate_run_files(files, layout=layout)
     return files

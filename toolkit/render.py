@@ -115,11 +115,31 @@ def _offload_block(device: str, *, nvme_path: str | None) -> dict:
     return block
 
 
-def _zero_block(layout: Layout, *, hf: bool, nvme_path: str | None) -> dict:
+def _bucket_keys(layout: Layout, buffers) -> dict:
+    """The ``zero_optimization`` keys of a ``dstk.estimate.ZeroBuffers``, written out in full so
+    DeepSpeed's 5e8-element defaults never apply unseen (``dstk.estimate.buckets``)."""
+    keys: dict = {
+        "reduce_bucket_size": int(buffers.reduce_bucket_size),
+        "allgather_bucket_size": int(buffers.allgather_bucket_size),
+        "overlap_comm": buffers.overlaps(layout.zero_stage),
+        "contiguous_gradients": bool(buffers.contiguous_gradients),
+    }
+    if layout.zero_stage == 3:
+        keys.update(stage3_prefetch_bucket_size=int(buffers.prefetch_bucket_size),
+                    stage3_param_persistence_threshold=int(buffers.param_persistence_threshold),
+                    stage3_max_live_parameters=int(buffers.max_live_parameters),
+                    stage3_max_reuse_distance=int(buffers.max_reuse_distance))
+    return keys
+
+
+def _zero_block(layout: Layout, *, hf: bool, nvme_path: str | None, buffers=None) -> dict:
     zero: dict = {"stage": layout.zero_stage}
-    if layout.zero_stage >= 2:
+    if buffers is not None and layout.zero_stage >= 1:
+        # Explicit in both flavours: the HF file then runs with the very buffers the plan priced.
+        zero.update(_bucket_keys(layout, buffers))
+    elif layout.zero_stage >= 2:
         zero.update(overlap_comm=True, contiguous_gradients=True)
-    if layout.zero_stage >= 1 and hf:
+    if layout.zero_stage >= 1 and hf and buffers is None:
         zero["reduce_bucket_size"] = AUTO  # HF fills hidden_size**2
     if layout.offload_optimizer != "none":
         zero["offload_optimizer"] = _offload_block(layout.offload_optimizer, nvme_path=nvme_path)
@@ -128,7 +148,7 @@ def _zero_block(layout: Layout, *, hf: bool, nvme_path: str | None) -> dict:
     if layout.zero_stage == 3:
         # Save a consolidated 16-bit checkpoint, so the result loads into HF without zero_to_fp32.
         zero["stage3_gather_16bit_weights_on_model_save"] = True
-        if hf:
+        if hf and buffers is None:
             zero["stage3_prefetch_bucket_size"] = AUTO
             zero["stage3_param_persistence_threshold"] = AUTO
     return zero
@@ -142,8 +162,13 @@ def ds_config(
     torch_adam: bool = False,
     nvme_path: str | None = None,
     world_independent: bool = False,
+    buffers=None,
 ) -> dict:
     """The DeepSpeed config for ``layout``.
+
+    ``buffers`` (a ``dstk.estimate.ZeroBuffers``, from ``dstk.estimate.buckets.choose_buffers``)
+    are written out in full in both flavours, so the file runs with the buffers the plan priced;
+    without them (the presets: no model) the HF flavour says "auto" for the bucket sizes.
 
     ``hf=True`` writes "auto" wherever transformers' Trainer fills the value from its
     ``TrainingArguments`` (batch triad, clipping, optimizer and scheduler numbers, fp16/bf16,
@@ -171,7 +196,7 @@ def ds_config(
             gradient_accumulation_steps=layout.grad_accum,
             gradient_clipping=training.grad_clip,
         )
-    if training.precision == "bf16":
+    if (training.precision or "bf16") == "bf16":  # None: not resolved against a GPU (presets, tests)
         config["bf16"] = {"enabled": AUTO if hf else True}
     elif training.precision == "fp16":
         config["fp16"] = {
@@ -182,7 +207,7 @@ def ds_config(
             "hysteresis": 2,
             "min_loss_scale": 1,
         }
-    config["zero_optimization"] = _zero_block(layout, hf=hf, nvme_path=nvme_path)
+    config["zero_optimization"] = _zero_block(layout, hf=hf, nvme_path=nvme_path, buffers=buffers)
     if layout.zero_stage >= 1 and training.optimizer not in _ZERO_TESTED:
         config["zero_allow_untested_optimizer"] = True
     config["optimizer"] = _optimizer_block(training, hf=hf, torch_adam=torch_adam)
@@ -243,12 +268,21 @@ def megatron_args(*, layout: Layout, training: TrainingIntent, model: ModelDims)
 
     opt("--tensor-model-parallel-size", layout.tp)
     opt("--pipeline-model-parallel-size", layout.pp)
-    if layout.pp > 1:
+    if layout.uneven_stages:
+        layout.stage_layers(model.num_layers)  # a split megatron-core would refuse is a ValueError here
+        if layout.first_stage_layers is not None:
+            opt("--decoder-first-pipeline-num-layers", layout.first_stage_layers)
+        if layout.last_stage_layers is not None:
+            opt("--decoder-last-pipeline-num-layers", layout.last_stage_layers)
+    elif layout.pp > 1:
         layers = stage_layers(model.num_layers, layout.pp)
         if len(set(layers)) > 1:
             opt("--decoder-first-pipeline-num-layers", layers[0])
             opt("--decoder-last-pipeline-num-layers", layers[-1])
-    if layout.virtual_stages > 1:
+    if layout.virtual_stages > 1 and layout.uneven_stages:
+        # Megatron-LM's arguments.py refuses --num-layers-per-virtual-pipeline-stage with uneven stages.
+        opt("--num-virtual-stages-per-pipeline-rank", layout.virtual_stages)
+    elif layout.virtual_stages > 1:
         opt("--num-layers-per-virtual-pipeline-stage", model.num_layers // (layout.pp * layout.virtual_stages))
     if layout.sequence_parallel:
         opt("--sequence-parallel")
@@ -282,8 +316,8 @@ def megatron_args(*, layout: Layout, training: TrainingIntent, model: ModelDims)
         opt("--disable-bias-linear")
     if training.attention == "flash":
         opt("--attention-backend", "flash")
-    if training.precision in ("bf16", "fp16"):
-        opt(f"--{training.precision}")
+    if (training.precision or "bf16") in ("bf16", "fp16"):
+        opt(f"--{training.precision or 'bf16'}")
     opt("--optimizer", "sgd" if training.optimizer == "sgd" else "adam")
     opt("--lr", training.lr)
     opt("--min-lr", training.lr * training.min_lr_ratio)
@@ -414,10 +448,11 @@ def run_files(
     gpus_per_node: int,
     cpu: bool,
     nvme_path: str | None = None,
+    buffers=None,
 ) -> dict[str, str]:
-    """The text of every file in a run directory (see docs/contracts.md)."""
-    ds = ds_config(layout=layout, training=training, torch_adam=cpu, nvme_path=nvme_path)
-    hf = ds_config(layout=layout, training=training, hf=True, torch_adam=cpu, nvme_path=nvme_path)
+    """The text of every file in a run directory (see docs/contracts.md); ``buffers`` as in ``ds_config``."""
+    ds = ds_config(layout=layout, training=training, torch_adam=cpu, nvme_path=nvme_path, buffers=buffers)
+    hf = ds_config(layout=layout, training=training, hf=True, torch_adam=cpu, nvme_path=nvme_path, buffers=buffers)
     return {
         "plan.json": _dumps(plan),
         "ds_config.json": _dumps(ds),

@@ -8,12 +8,15 @@ import sys
 
 from dstk.errors import UsageError
 
-HELP = "preflight: versions, GPUs per host, ssh to every host, stale op locks, a timed all-reduce (bus bandwidth)"
+HELP = ("preflight: versions, GPUs per host, ssh to every host, stale op locks, a timed all-reduce (bus bandwidth); "
+        "--calibrate writes a measured hardware profile")
 DESCRIPTION = (
     "Check this host (torch, deepspeed, CUDA, NCCL, accelerator, device count) and, over ssh, every host of a "
     "hostfile; look for stale op-build locks; then start the ranks with the same runner command `dstk launch` "
     "would use and time an all-reduce, reported as nccl-tests does (algbw = bytes/time, busbw = algbw*2(n-1)/n), "
-    "with the interface NCCL picked. Exit 1 when any check fails."
+    "with the interface NCCL picked. Exit 1 when any check fails. With --calibrate: measure a GEMM sweep, memory "
+    "bandwidth, the per-layer dispatch floor and all-reduce bus bandwidth on this machine's ranks and write a "
+    "hardware profile (--output, the --hardware FILE format of plan/estimate/generate)."
 )
 
 
@@ -33,10 +36,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", action="append", default=[], metavar="K=V")
     parser.add_argument("--master-addr", default=None)
     parser.add_argument("--master-port", type=int, default=None)
-    parser.add_argument("--sizes", default="1M,8M", help="all-reduce sizes (K/M/G suffixes), default 1M,8M")
-    parser.add_argument("--iters", type=int, default=5, help="timed iterations per size (after 2 warm-up)")
+    parser.add_argument("--sizes", default=None,
+                        help="all-reduce sizes (K/M/G suffixes), default 1M,8M (with --calibrate: 256K,4M,32M on CPU "
+                             "ranks, 1M,16M,128M,512M on GPUs)")
+    parser.add_argument("--iters", type=int, default=None,
+                        help="timed iterations per size (after 2 warm-up), default 5")
     parser.add_argument("--no-allreduce", action="store_true", help="skip the all-reduce")
     parser.add_argument("--format", choices=["human", "json"], default="human")
+    cal = parser.add_argument_group("calibration (--calibrate)")
+    cal.add_argument("--calibrate", action="store_true",
+                     help="measure a GEMM sweep, memory bandwidth, the per-layer dispatch floor and all-reduce bus "
+                          "bandwidth on this machine's ranks and write a hardware profile that plan/estimate/generate "
+                          "read with --hardware FILE")
+    cal.add_argument("--output", default=None, metavar="FILE",
+                     help="where the profile goes (.yaml/.yml or .json; default hardware.yaml)")
+    cal.add_argument("--gpu", default=None, metavar="SLUG",
+                     help="the catalog entry the profile is based on (default: from the device name; cpu on CPU ranks)")
+    cal.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default=None,
+                     help="precision of the GEMM sweep (default bf16, fp16 where the GPU has no bf16)")
+    cal.add_argument("--quick", action="store_true", help="fewer sizes and shorter timings")
+    cal.add_argument("--force", action="store_true",
+                     help="replace an --output file that doctor --calibrate did not write")
 
 
 def _spec(args: argparse.Namespace, local_devices: int | None, cpu_here: bool):
@@ -77,6 +97,12 @@ def _spec(args: argparse.Namespace, local_devices: int | None, cpu_here: bool):
 def run(args: argparse.Namespace) -> int:
     from dstk.launch import doctor
 
+    if args.calibrate:
+        return _calibrate(args)
+    stray = [flag for flag, value in (("--output", args.output), ("--gpu", args.gpu), ("--precision", args.precision),
+                                      ("--quick", args.quick), ("--force", args.force)) if value]
+    if stray:
+        raise UsageError(f"{stray[0]} belongs to --calibrate", hint=f"dstk doctor --calibrate {stray[0]} ...")
     checks = []
     local = doctor.check_local()
     checks.append(local)
@@ -97,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     elif not reachable:
         checks.append(doctor.Check(name="allreduce", status="skip", detail="skipped: not every host is reachable"))
     else:
-        checks.append(doctor.run_allreduce(spec, sizes=args.sizes, iters=args.iters))
+        checks.append(doctor.run_allreduce(spec, sizes=args.sizes or "1M,8M", iters=args.iters or 5))
     failed = any(c.status == "fail" for c in checks)
     if args.format == "json":
         print(json.dumps({"ok": not failed, "checks": [c.to_dict() for c in checks]}, indent=2))
@@ -109,6 +135,100 @@ def run(args: argparse.Namespace) -> int:
         bench = next((c for c in checks if c.name == "allreduce" and c.status == "ok"), None)
         if bench is not None:
             print(doctor.render_table(bench.data["results"]))
+    if failed:
+        print("doctor: some checks failed", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    """``doctor --calibrate``: the local checks, then the measurement ranks, then the profile."""
+    from dstk import calibrate
+    from dstk.errors import DstkError
+    from dstk.hardware import get_gpu
+    from dstk.launch import doctor
+
+    if args.run_dir or args.hostfile or args.hosts or args.no_allreduce:
+        raise UsageError("--calibrate measures this machine's ranks: give --num-ranks N, not RUN_DIR, --hostfile, "
+                         "--hosts or --no-allreduce")
+    args.output = args.output or "hardware.yaml"
+    calibrate.check_output_path(args.output, force=args.force)
+    base = get_gpu(args.gpu) if args.gpu else None
+    local = doctor.check_local()
+    info = local.data
+    if not info:  # the probe did not run: nothing to calibrate on
+        return _print_calibration(args, [local, doctor.Check(name="calibrate", status="skip",
+                                                             detail="skipped: the local probe failed")], None, None)
+    cpu_here = info.get("accelerator") == "cpu"
+    if base is None:
+        slug = calibrate.guess_gpu_slug(info.get("device_name"), cpu=cpu_here)
+        if slug is None:
+            raise DstkError(f"no catalog entry matches the device {info.get('device_name')!r}",
+                            hint="say which entry to start from: --gpu SLUG (dstk gpus lists them)")
+        base = get_gpu(slug)
+    if base.is_cpu != cpu_here:
+        raise DstkError(f"--gpu {base.slug} on a host whose ranks are {'CPU' if cpu_here else 'GPU'} ranks",
+                        hint="the profile describes the device the ranks run on: " +
+                             ("--gpu cpu" if cpu_here else "a GPU slug (dstk gpus)"))
+    precision = args.precision or ("bf16" if base.bf16_flops is not None else "fp16")
+    if cpu_here and precision == "fp16":
+        raise DstkError("fp16 on CPU ranks: DeepSpeed's CPU accelerator trains in bf16 or fp32",
+                        hint="--precision bf16 (or fp32)")
+    settings = doctor.SweepSettings.for_device(cpu=cpu_here, quick=args.quick, precision=precision)
+    if args.sizes or args.iters:
+        import dataclasses
+
+        settings = dataclasses.replace(settings, sizes=args.sizes or settings.sizes, iters=args.iters or settings.iters)
+    spec = _spec(args, info.get("num_devices"), cpu_here)
+    checks = [doctor._judge_probe("versions@localhost", info, expected_devices=spec.gpus_per_node, cpu=spec.cpu),
+              doctor.check_locks()]
+    profile = out = None
+    if any(c.status == "fail" for c in checks):
+        checks.append(doctor.Check(name="calibrate", status="skip", detail="skipped: a check above failed"))
+    else:
+        check, out = doctor.run_calibrate(spec, settings=settings)
+        checks.append(check)
+        if check.status == "ok":
+            try:
+                measured = calibrate.from_rank_reports(measure=out.measure, allreduce=list(out.allreduce))
+                profile = calibrate.build_profile(base=base, measured=measured)
+            except (KeyError, ValueError) as exc:
+                checks[-1] = doctor.Check(name="calibrate", status="fail", detail=f"implausible measurement: {exc}",
+                                          data=check.data, hint="run it again on an idle machine; --format json "
+                                          "shows every rank's figures")
+        if profile is not None:
+            import datetime
+            import platform
+
+            stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+            header = (f"{calibrate.HEADER}: `dstk doctor --calibrate` on {platform.node()}, {stamp}",
+                      f"{measured.num_ranks} rank(s), {measured.backend} on {measured.device}"
+                      + (f" ({measured.device_name})" if measured.device_name else "")
+                      + f", GEMM sweep in {measured.precision}; base entry: {base.slug!r} of the catalog",
+                      f"use it: dstk plan INTENT --hardware {args.output}  (also estimate, generate, gpus)")
+            text = (calibrate.render_json(profile) if args.output.endswith(".json")
+                    else calibrate.render_yaml(profile, header=header))
+            calibrate.write_profile(args.output, text)
+    return _print_calibration(args, checks, profile, out)
+
+
+def _print_calibration(args: argparse.Namespace, checks: list, profile, out) -> int:
+    from dstk import calibrate
+    from dstk.launch import doctor
+
+    failed = any(c.status == "fail" for c in checks)
+    if args.format == "json":
+        print(json.dumps({"ok": not failed, "checks": [c.to_dict() for c in checks],
+                          "output": args.output if profile is not None else None,
+                          "profile": None if profile is None else calibrate.to_dict(profile)}, indent=2))
+    else:
+        for c in checks:
+            print(f"{c.status.upper():4} {c.name}: {c.detail}")
+            if c.hint and c.status in ("fail", "warn"):
+                print(f"     fix: {c.hint}")
+        if profile is not None:
+            print(calibrate.render_report(profile, path=args.output))
+            if out is not None and out.allreduce:
+                print(doctor.render_table(list(out.allreduce)))
     if failed:
         print("doctor: some checks failed", file=sys.stderr)
     return 1 if failed else 0

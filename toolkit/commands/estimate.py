@@ -12,13 +12,26 @@ DESCRIPTION = (
     "Estimate one layout: per-GPU memory (parameters, gradients, optimizer states, activations, DeepSpeed "
     "buffers, framework overhead; CPU/NVMe under offload; per pipeline stage) and step time (compute, "
     "communication, pipeline bubble, tokens/s, MFU). The model is a preset (`dstk models`), an HF config.json, "
-    "its dimensions, or --params N (model states only). Formulas and sources: docs/estimate.md."
+    "its dimensions, or --params N (model states only). With --config ds_config.json the layout, precision, "
+    "optimizer and ZeRO buffers come from an existing DeepSpeed config (DeepSpeed's defaults where it is "
+    "silent; \"auto\" filled as transformers' Trainer fills it). Formulas and sources: docs/estimate.md."
 )
+
+LAYOUT_DEFAULTS = {"zero": 0, "offload_optimizer": "none", "offload_params": "none", "tp": 1, "pp": 1,
+                   "micro_batch": 1, "recompute": "none", "precision": "bf16", "optimizer": "adamw"}
+"""Defaults of the layout and training flags; the parser keeps None so --config can tell a flag given
+from a default (a given flag that contradicts the file is an error)."""
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--intent", metavar="FILE", help="take model, cluster and training from an intent file "
                         "(`dstk plan`'s YAML); the layout flags below still choose the layout")
+    parser.add_argument("--from", dest="from_file", metavar="FILE", help="estimate the run another tool's setup "
+                        "describes (accelerate, LLaMA-Factory, axolotl, HF TrainingArguments, Megatron args; see "
+                        "`dstk import`): its ZeRO stage, offload, tp/pp and micro-batch are the layout; flags win")
+    parser.add_argument("--config", metavar="DS_CONFIG", help="estimate this DeepSpeed config (JSON or hjson): its "
+                        "ZeRO stage, buffers, offload, batch, precision and optimizer; the model and cluster come "
+                        "from the flags or --intent; a flag that contradicts the file is an error")
     m = parser.add_argument_group("model (one of)")
     m.add_argument("--model", metavar="NAME|PATH", help="preset slug or HF config.json (file or directory)")
     m.add_argument("--params", type=float, metavar="N", help="parameter count only (e.g. 7e9): no activations")
@@ -33,20 +46,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     c.add_argument("--gpu-memory-gib", type=float, metavar="GIB", help="override the GPU's memory")
     c.add_argument("--gpu-tflops", type=float, metavar="T", help="override the GPU's dense 16-bit peak")
     lay = parser.add_argument_group("layout")
-    lay.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0)
-    lay.add_argument("--offload-optimizer", choices=["none", "cpu", "nvme"], default="none")
-    lay.add_argument("--offload-params", choices=["none", "cpu", "nvme"], default="none")
-    lay.add_argument("--tp", type=int, default=1)
-    lay.add_argument("--pp", type=int, default=1)
+    lay.add_argument("--zero", type=int, choices=[0, 1, 2, 3], help="default 0")
+    lay.add_argument("--offload-optimizer", choices=["none", "cpu", "nvme"], help="default none")
+    lay.add_argument("--offload-params", choices=["none", "cpu", "nvme"], help="default none")
+    lay.add_argument("--tp", type=int, help="default 1")
+    lay.add_argument("--pp", type=int, help="default 1")
     lay.add_argument("--virtual-stages", type=int, default=1, metavar="V", help="interleaved chunks per stage")
     lay.add_argument("--sequence-parallel", action="store_true")
-    lay.add_argument("--micro-batch", type=int, default=1, metavar="B")
+    lay.add_argument("--micro-batch", type=int, metavar="B", help="default 1")
     lay.add_argument("--global-batch", type=int, metavar="G", help="sequences per step (default: micro-batch x dp)")
-    lay.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
+    lay.add_argument("--recompute", choices=["none", "selective", "full"], help="default none")
     t = parser.add_argument_group("training")
     t.add_argument("--seq-len", type=int, metavar="S", help="default: the model's, else 2048")
-    t.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default="bf16")
-    t.add_argument("--optimizer", choices=["adamw", "adam", "sgd", "lion", "adafactor"], default="adamw")
+    t.add_argument("--precision", choices=["bf16", "fp16", "fp32"], help="default bf16")
+    t.add_argument("--optimizer", choices=["adamw", "adam", "sgd", "lion", "adafactor"], help="default adamw")
     t.add_argument("--attention", choices=["sdpa", "eager", "flash"], default="sdpa")
     t.add_argument("--tokens", type=float, metavar="T", help="token budget, for the time to train")
     parser.add_argument("--format", choices=["human", "json"], default="human")
@@ -98,9 +111,16 @@ def cluster_from_args(args: argparse.Namespace):
     return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu=gpu, interconnect=net)
 
 
+def with_defaults(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``LAYOUT_DEFAULTS`` where a layout or training flag was not given."""
+    return argparse.Namespace(**{**vars(args), **{k: v for k, v in LAYOUT_DEFAULTS.items()
+                                                  if getattr(args, k, None) is None}})
+
+
 def layout_and_training(args: argparse.Namespace, model):
     from dstk.layout import Layout, Training
 
+    args = with_defaults(args)
     tp, pp = args.tp, args.pp
     if tp < 1 or pp < 1 or args.gpus % (tp * pp):
         raise UsageError(f"--gpus {args.gpus} is not divisible by tp*pp = {tp * pp}",
@@ -144,57 +164,69 @@ def _seconds(s: float) -> str:
     return f"{s:.3g} s"
 
 
-def render_human(est) -> str:
+def render_human(est, *, width: int | None = None) -> str:
+    """The estimate as text: a memory table and a time table (``dstk.tables``: numbers whole, the
+    source column wrapped, at the terminal's width or ``width``)."""
+    from dstk import tables
+
+    return tables.to_text(lambda con: _draw_human(con, est), width=width or tables.console().width)
+
+
+def _draw_human(con, est) -> None:
+    from dstk import tables
     from dstk.estimate import SOURCES
 
     mem, t = est.memory, est.time
     gpu = est.cluster.gpu
     name = getattr(est.model, "name", None) or f"{est.model:,} params"
-    lines = [f"{name} on {est.cluster.world_size} x {gpu.name}: dp={est.layout.dp} tp={est.layout.tp} "
-             f"pp={est.layout.pp} ZeRO-{est.layout.zero_stage}, micro-batch {est.layout.micro_batch} x "
-             f"{est.layout.grad_accum}, seq {est.training.seq_len}, {est.training.precision}", ""]
-    rows = [(k, getattr(mem.per_gpu, k)) for k in ("params_bytes", "grads_bytes", "optimizer_bytes",
-                                                  "activations_bytes", "buffers_bytes", "overhead_bytes")]
-    lines.append(f"memory per GPU (stage {mem.per_gpu.stage}, the fullest)")
-    for key, value in rows:
-        lines.append(f"  {key[:-6]:<12} {_gib(value):>12}   {SOURCES[key]}")
+    con.print(f"{name} on {est.cluster.world_size} x {gpu.name}: dp={est.layout.dp} tp={est.layout.tp} "
+              f"pp={est.layout.pp} ZeRO-{est.layout.zero_stage}, micro-batch {est.layout.micro_batch} x "
+              f"{est.layout.grad_accum}, seq {est.training.seq_len}, {est.training.precision}", markup=False)
+    con.print()
+    cols = [tables.Col(header="term", text=True), tables.Col(header="per GPU"), tables.Col(header="source", text=True)]
+    rows = [[k[:-6], _gib(getattr(mem.per_gpu, k)), SOURCES[k]]
+            for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes",
+                      "overhead_bytes")]
     fits = "fits" if mem.per_gpu.total_bytes <= gpu.memory_bytes else "DOES NOT FIT"
-    lines.append(f"  {'total':<12} {_gib(mem.per_gpu.total_bytes):>12}   of {_gib(gpu.memory_bytes)}: {fits}")
+    rows.append(["total", _gib(mem.per_gpu.total_bytes), f"of {_gib(gpu.memory_bytes)}: {fits}"])
+    phase = getattr(mem.per_gpu, "peak_phase", None)
+    if phase:
+        rows.append(["peak in", phase, "the fullest moment of the step; the terms above are at it"])
     if mem.cpu_bytes or mem.nvme_bytes:
-        lines.append(f"  {'cpu':<12} {_gib(mem.cpu_bytes):>12}   per rank (offload)")
-        lines.append(f"  {'nvme':<12} {_gib(mem.nvme_bytes):>12}   per rank (offload)")
+        rows.append(["cpu", _gib(mem.cpu_bytes), "per rank (offload)"])
+        rows.append(["nvme", _gib(mem.nvme_bytes), "per rank (offload)"])
+    notes = []
     if len(mem.per_stage) > 1:
-        lines.append("  per stage: " + ", ".join(f"{s.stage}: {s.num_layers} layers {_gib(s.total_bytes)}"
-                                                 for s in mem.per_stage))
+        notes.append("per stage: " + ", ".join(f"{s.stage}: {s.num_layers} layers {_gib(s.total_bytes)}"
+                                               for s in mem.per_stage))
     if mem.per_gpu.activations_bytes is None:
-        lines.append("  activations are unknown for a model given by --params only")
-    lines += ["", "time per step",
-              f"  {'compute':<12} {_seconds(t.compute_seconds):>12}   {SOURCES['compute_seconds']}",
-              f"  {'comm':<12} {_seconds(t.comm_seconds):>12}   exposed; {SOURCES['comm_seconds']}",
-              f"  {'bubble':<12} {_seconds(t.bubble_seconds):>12}   {t.bubble_fraction:.1%}; {SOURCES['bubble_fraction']}",
-              f"  {'step':<12} {_seconds(t.step_seconds):>12}   {t.tokens_per_second:,.0f} tokens/s, "
-              f"{t.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {t.mfu:.1%}"]
+        notes.append("activations are unknown for a model given by --params only")
+    tables.show(con, f"memory per GPU (stage {mem.per_gpu.stage}, the fullest)", cols, rows)
+    if notes:
+        con.print(tables.bullets(notes, marker=""))
+        con.print()
+    rows = [["compute", _seconds(t.compute_seconds), SOURCES["compute_seconds"]],
+            ["comm", _seconds(t.comm_seconds), f"exposed; {SOURCES['comm_seconds']}"],
+            ["bubble", _seconds(t.bubble_seconds), f"{t.bubble_fraction:.1%}; {SOURCES['bubble_fraction']}"],
+            ["step", _seconds(t.step_seconds), f"{t.tokens_per_second:,.0f} tokens/s, "
+             f"{tables.flops_text(t.tflops_per_gpu)} per GPU, MFU {tables.percent_text(t.mfu)}"]]
+    tables.show(con, "time per step", [tables.Col(header="term", text=True), tables.Col(header="time"),
+                                       tables.Col(header="source", text=True)], rows)
+    lines = []
     comm = ", ".join(f"{k} {_seconds(v)}" for k, v in t.comm.items() if v)
     if comm:
-        lines.append(f"  communication before overlap: {comm}")
+        lines.append(f"communication before overlap: {comm}")
     if t.time_to_train_seconds is not None:
-        lines.append(f"  time for {est.training.num_tokens:,} tokens: {_seconds(t.time_to_train_seconds)}")
-    return "\n".join(lines)
+        lines.append(f"time for {est.training.num_tokens:,} tokens: {_seconds(t.time_to_train_seconds)}")
+    if lines:
+        con.print(tables.bullets(lines, marker=""))
 
 
 def from_intent(args: argparse.Namespace):
     """Model, cluster and training from an intent file; the layout from the flags."""
     import dataclasses
 
-    from dstk.intent import load_intent
-    from dstk.plan import resolve
-
-    clashing = [f for f in ("model", "params", "num_layers", "gpus", "gpu", "seq_len", "global_batch")
-                if getattr(args, f) not in (None, "h100-sxm")]
-    if clashing:
-        raise UsageError(f"--intent gives the model, cluster and training; drop --{clashing[0].replace('_', '-')}",
-                         hint="edit the intent file instead, or leave --intent out")
-    ctx = resolve(load_intent(args.intent))
+    ctx = _intent_context(args)
     args = argparse.Namespace(**{**vars(args), "gpus": ctx.cluster.world_size,
                                  "global_batch": ctx.training.global_batch, "seq_len": ctx.training.seq_len})
     layout, _ = layout_and_training(args, ctx.model)
@@ -202,10 +234,153 @@ def from_intent(args: argparse.Namespace):
     return ctx.model, ctx.cluster, layout, training
 
 
-def run(args: argparse.Namespace) -> int:
-    from dstk.estimate import estimate
+def _intent_context(args: argparse.Namespace):
+    """The intent resolved as the planner resolves it; ``--hardware`` (a calibrated profile, say)
+    applies over the intent's own hardware file."""
+    from dstk.intent import load_intent, with_overrides
+    from dstk.plan import resolve
 
+    clashing = [f for f in ("model", "params", "num_layers", "gpus", "gpu", "seq_len", "global_batch")
+                if getattr(args, f) not in (None, "h100-sxm")]
+    if clashing:
+        raise UsageError(f"--intent gives the model, cluster and training; drop --{clashing[0].replace('_', '-')}",
+                         hint="edit the intent file instead, or leave --intent out")
+    intent = load_intent(args.intent)
+    if args.hardware:
+        intent = with_overrides(intent, {"cluster": {"hardware": args.hardware}})
+    return resolve(intent)
+
+
+def _source(args: argparse.Namespace):
+    """(model, cluster, the intent's Training or None) from --intent or the flags."""
     if args.intent:
+        ctx = _intent_context(args)
+        return ctx.model, ctx.cluster, ctx.training
+    if args.gpus is None:
+        raise UsageError("--gpus N is required (or give --intent FILE)", hint="e.g. --gpus 8")
+    return model_from_args(args), cluster_from_args(args), None
+
+
+def from_config(args: argparse.Namespace):
+    """(model, cluster, layout, training, ZeroBuffers, notes) for ``--config``: the file decides the
+    layout, precision, optimizer and buffers (``dstk.estimate.dsconfig``); model and cluster come
+    from the flags or the intent."""
+    from dstk.errors import DstkError
+    from dstk.estimate.dsconfig import read_settings, to_layout
+    from dstk.layout import Training
+    from dstk.validate import read_document, validate_config
+
+    path = args.config
+    try:
+        doc = read_document(path)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}", hint="check the path") from None
+    for f in doc.findings:
+        if f.severity == "error":
+            where = path + (f":{f.line}:{f.column}" if f.line is not None and f.column is not None else "")
+            raise DstkError(f.message, hint=f.hint, location=where)
+    model, cluster, base = _source(args)
+    settings = read_settings(doc.config, hidden_size=getattr(model, "hidden_size", None), positions=doc.positions,
+                             source=path)
+    flags = {"zero": args.zero, "offload_optimizer": args.offload_optimizer, "offload_params": args.offload_params,
+             "tp": args.tp, "micro_batch": args.micro_batch, "global_batch": args.global_batch,
+             "precision": args.precision, "optimizer": args.optimizer}
+    fallback = {} if base is None else {"global_batch": base.global_batch, "precision": base.precision,
+                                        "optimizer": base.optimizer}
+    layout, precision, optimizer, notes = to_layout(settings, world_size=cluster.world_size, flags=flags,
+                                                    fallback=fallback, pp=args.pp or 1, recompute=args.recompute,
+                                                    positions=doc.positions, source=path)
+    notes = [f.message for f in doc.findings] + list(notes)
+    hf = any(v == "auto" for v in _leaves(doc.config))
+    for f in validate_config(doc.config, world_size=cluster.world_size, tensor_parallel=layout.tp,
+                             pipeline_stages=layout.pp, hf=hf):
+        if f.severity == "error":
+            notes.append(f"dstk validate: {f.pointer or '/'}: {f.message}")
+    seq = args.seq_len or (base.seq_len if base else None) or (
+        getattr(model, "seq_len", None) and min(model.seq_len, 4096)) or 2048
+    tokens = int(args.tokens) if args.tokens else (base.num_tokens if base else None)
+    try:
+        training = Training(seq_len=seq, global_batch=layout.global_batch, precision=precision, optimizer=optimizer,
+                            attention=base.attention if base and args.attention == "sdpa" else args.attention,
+                            num_tokens=tokens)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return model, cluster, layout, training, settings.buffers, tuple(notes)
+
+
+def _leaves(node):
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _leaves(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _leaves(value)
+    else:
+        yield node
+
+
+def buffer_terms(per_gpu) -> list[str]:
+    """One line per named buffer of an estimate's ``MemoryBreakdown`` (or its ``to_dict()``), e.g.
+    ``reduce bucket: 2 x 5e8 x 2 B = 1.86 GiB (gpu, backward)``; empty when the estimate has none."""
+    terms = per_gpu.get("buffers") if isinstance(per_gpu, dict) else getattr(per_gpu, "buffers", None)
+    at_peak = set((per_gpu.get("peak_buffers") if isinstance(per_gpu, dict) else getattr(per_gpu, "peak_buffers", None))
+                  or ())
+    lines = []
+    for b in terms or ():
+        get = b.get if isinstance(b, dict) else (lambda k, b=b: getattr(b, k, None))
+        where = ", ".join(str(x) for x in (get("device"), get("phase"), "at the peak" if get("name") in at_peak
+                                           else None) if x)
+        formula = get("formula")
+        lines.append(f"  {get('name')}: {formula + ' = ' if formula else ''}{_gib(get('bytes'))}"
+                     + (f" ({where})" if where else ""))
+    return lines
+
+
+def buffer_lines(est, buffers) -> list[str]:
+    """The costly buffers by name: the estimate's own terms (``MemoryBreakdown.buffers``) where it
+    has them, and the ZeRO settings that size them."""
+    from dstk.estimate import memory as mem
+    from dstk.estimate.buckets import elements_text
+
+    per_gpu = est.memory.per_gpu
+    zero = est.layout.zero_stage
+    lines = buffer_terms(per_gpu)
+    named = {b.name for b in getattr(per_gpu, "buffers", ())}
+    if zero >= 1 and "reduce bucket" not in named and buffers.contiguous_gradients:
+        # Sized by the file whether or not it is live at the peak: the term users look for.
+        w = mem.param_bytes(est.training.precision)
+        copies = 2 if buffers.overlaps(zero) and zero < 3 else 1
+        size = buffers.reduce_bucket_size
+        when = "from initialize on" if zero == 3 else "backward, from the first gradient hook"
+        lines.append(f"  reduce bucket: {copies} x {elements_text(size)} x {w} B = {_gib(copies * size * w)}"
+                     + (" (overlap_comm)" if copies == 2 else "") + f" ({when})")
+    if zero >= 1:
+        e = elements_text
+        knobs = (f"reduce_bucket_size {e(buffers.reduce_bucket_size)}, allgather_bucket_size "
+                 f"{e(buffers.allgather_bucket_size)}, overlap_comm {str(buffers.overlaps(zero)).lower()}, "
+                 f"contiguous_gradients {str(buffers.contiguous_gradients).lower()}")
+        if zero == 3:
+            knobs += (f", stage3_prefetch_bucket_size {e(buffers.prefetch_bucket_size)}, "
+                      f"stage3_param_persistence_threshold {e(buffers.param_persistence_threshold)}, "
+                      f"stage3_max_live_parameters {e(buffers.max_live_parameters)}, "
+                      f"stage3_max_reuse_distance {e(buffers.max_reuse_distance)}")
+        lines.append(f"  ZeRO settings: {knobs}")
+    return lines
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from dstk.estimate import ZeroBuffers, estimate
+
+    buffers, notes = ZeroBuffers(), ()
+    if getattr(args, "from_file", None):
+        from dstk.importers import estimate_args
+
+        args = estimate_args(args)
+    if args.config:
+        model, cluster, layout, training, buffers, notes = from_config(args)
+    elif args.intent:
         model, cluster, layout, training = from_intent(args)
     else:
         if args.gpus is None:
@@ -213,9 +388,24 @@ def run(args: argparse.Namespace) -> int:
         model = model_from_args(args)
         cluster = cluster_from_args(args)
         layout, training = layout_and_training(args, model)
-    est = estimate(model=model, layout=layout, training=training, cluster=cluster)
+    est = estimate(model=model, layout=layout, training=training, cluster=cluster, buffers=buffers)
     if args.format == "json":
-        print(json.dumps(est.to_dict(), indent=2))
+        data = est.to_dict()
+        if args.config:
+            data["config"] = {"path": args.config, "buffers": dataclasses.asdict(buffers), "notes": list(notes)}
+        print(json.dumps(data, indent=2))
     else:
-        print(render_human(est))
+        from dstk import tables
+
+        width = tables.console().width
+        text = render_human(est, width=width)
+        extra = buffer_lines(est, buffers)
+        if args.config:
+            text = f"{args.config}:\n" + text
+        for title, lines, marker in (("buffers (per GPU)", [x.strip() for x in extra], ""), ("notes", notes, "-")):
+            if lines:
+                text += f"\n\n{title}\n" + tables.to_text(
+                    lambda con, lines=lines, marker=marker: con.print(tables.bullets(lines, marker=marker)),
+                    width=width)
+        print(text)
     return 0

@@ -13,7 +13,8 @@ HELP = "explain a plan: memory per stage, the 1F1B timeline and bubble, comm vs 
 DESCRIPTION = (
     "Explain a plan from a run directory (written by `dstk generate`), a plan.json, or an intent (planned "
     "on the spot). Prints tables; with matplotlib installed (pip install 'dstk[explain]') --pictures DIR "
-    "also writes memory.png/svg and schedule.png/svg."
+    "also writes memory.png/svg and schedule.png/svg. --format html prints one self-contained page (tables, "
+    "pictures inline, why lines) to attach to a pull request or a ticket."
 )
 
 
@@ -21,7 +22,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_intent_arguments(parser, positional_help="run directory, plan.json, or intent YAML")
     parser.add_argument("--pick", type=int, default=1, metavar="N", help="explain the N-th plan of an intent")
     parser.add_argument("--pictures", metavar="DIR", help="write PNG and SVG pictures into DIR (needs matplotlib)")
-    parser.add_argument("--format", choices=["human", "json"], default="human")
+    parser.add_argument("--format", choices=["human", "json", "html"], default="human",
+                        help="human: tables; json: the report as data; html: one self-contained page on stdout")
 
 
 def _load_plan(args: argparse.Namespace) -> dict:
@@ -73,7 +75,11 @@ def run(args: argparse.Namespace) -> int:
         note = f"(no pictures: {explain.PICTURES_HINT}, then pass --pictures DIR)"
     else:
         note = "(pass --pictures DIR for PNG/SVG charts)"
-    if args.format == "json":
+    if args.format == "html":
+        pngs = explain.picture_pngs(rep) if explain.have_matplotlib() else None
+        print(explain.render_html(rep, pngs=pngs, note=None if pngs else f"(no pictures: {explain.PICTURES_HINT})"),
+              end="")
+    elif args.format == "json":
         if args.pictures and not rep["pictures"]:
             rep["pictures_hint"] = explain.PICTURES_HINT
         print(json.dumps(rep, indent=2))

@@ -57,5 +57,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.output}/ ({', '.join(p.name for p in written)})", file=sys.stdout)
         print(f"plan #{args.pick}: {describe(layout)}: {plan['memory']['per_gpu']['total_bytes'] / 2**30:.2f} GiB/GPU, "
               f"{plan['time']['step_seconds']:.4g} s/step")
+        from dstk.commands.estimate import buffer_terms
+
+        terms = buffer_terms(plan["memory"]["per_gpu"])
+        if terms:
+            print("buffers (per GPU):\n" + "\n".join(terms))
         print(f"next: dstk validate {args.output}/ds_config.json; dstk launch {args.output} -- train.py")
     return 0

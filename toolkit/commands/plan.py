@@ -31,6 +31,7 @@ _FLAGS: list[tuple[str, str, str, dict]] = [
     ("--interconnect", "cluster", "interconnect", {"metavar": "NET"}),
     ("--gpu-memory-gib", "cluster", "gpu_memory_gib", {"type": float, "metavar": "GIB"}),
     ("--gpu-tflops", "cluster", "gpu_tflops", {"type": float, "metavar": "TFLOPS"}),
+    ("--host-memory", "cluster", "host_memory_gib", {"type": float, "metavar": "GIB"}),
     ("--hardware", "cluster", "hardware", {"metavar": "FILE"}),
     ("--seq-len", "training", "seq_len", {"type": int}),
     ("--global-batch", "training", "global_batch", {"type": int}),
@@ -60,7 +61,7 @@ _FLAGS: list[tuple[str, str, str, dict]] = [
 
 
 def add_intent_arguments(parser: argparse.ArgumentParser, *, positional_help: str | None = None,
-                         positional: bool = True, skip: tuple[str, ...] = ()) -> None:
+                         positional: bool = True, skip: tuple[str, ...] = (), with_from: bool = True) -> None:
     """The intent file and every intent field as a flag (shared by plan, generate, explain and
     finetune, which has its own ``--intent`` and ``--model``: ``positional=False, skip=("--model",))``."""
     from dstk.intent import field_doc
@@ -68,6 +69,10 @@ def add_intent_arguments(parser: argparse.ArgumentParser, *, positional_help: st
     if positional:
         parser.add_argument("intent", nargs="?", metavar="INTENT",
                             help=positional_help or "intent YAML file (see examples/intents/); flags override it")
+    if with_from:
+        parser.add_argument("--from", dest="from_file", metavar="FILE",
+                            help="the intent implied by another tool's setup (accelerate, LLaMA-Factory, axolotl, "
+                                 "HF TrainingArguments, Megatron args), as `dstk import FILE` writes it")
     groups = {name: parser.add_argument_group(f"{name} (intent section `{name}`)")
               for name in ("model", "cluster", "training", "constraints")}
     for flag, section, field, kwargs in _FLAGS:
@@ -106,6 +111,12 @@ def intent_from_args(args: argparse.Namespace, *, path: str | None = None):
             raise UsageError(f"--gpus {args.i_gpus} is not a multiple of --gpus-per-node {per_node}",
                              hint="give a multiple, or set --gpus-per-node")
         overrides["cluster"].update(num_nodes=args.i_gpus // per_node, gpus_per_node=per_node)
+    if getattr(args, "from_file", None):
+        if base is not None:
+            raise UsageError("give an intent file or --from FILE, not both", hint="drop one of them")
+        from dstk.importers import import_file
+
+        base = import_file(args.from_file, overrides=overrides).intent
     if base is None and not any(overrides["model"].values()):
         raise UsageError("no intent file and no model",
                          hint="pass an intent YAML (examples/intents/) or --model NAME / the model dimensions")
@@ -119,24 +130,42 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def print_human(result, *, top: int, out=None) -> None:
+    """The ranked layouts as a table (``dstk.tables``: numbers whole at any width), the why lines
+    of the best and its named buffers."""
+    from dstk import tables
+
+    con = tables.console(file=out or sys.stdout)
+    tables.print_plain(con, lambda c: _draw_human(c, result, top))
+
+
+def _draw_human(con, result, top: int) -> None:
+    from dstk import tables
+    from dstk.commands.estimate import buffer_terms
     from dstk.plan import describe, gib
 
-    out = out or sys.stdout
-
-    print(f"{result.num_fitting} of {result.num_considered} layouts fit in {gib(result.usable_bytes)} "
-          f"usable per GPU; best first:", file=out)
-    header = f"{'#':>3}  {'layout':<58} {'GiB/GPU':>8} {'s/step':>9} {'tok/s':>12} {'MFU':>5}"
-    print(header, file=out)
-    for i, p in enumerate(result.plans[:top], 1):
+    con.print(f"{result.num_fitting} of {result.num_considered} layouts fit in {gib(result.usable_bytes)} "
+              f"usable per GPU; best first:", markup=False)
+    shown = result.plans[:top]
+    largest = max(p.estimate.memory.per_gpu.total_bytes for p in shown)
+    unit, scale = ("GiB", 2**30) if largest >= 2**30 else ("MiB", 2**20)
+    rows = []
+    for i, p in enumerate(shown, 1):
         t = p.estimate.time
         mfu = getattr(t, "mfu", None)
         tps = getattr(t, "tokens_per_second", None)
-        print(f"{i:>3}  {describe(p.layout):<58} {p.estimate.memory.per_gpu.total_bytes / 2**30:>8.2f} "
-              f"{t.step_seconds:>9.4g} {tps if tps is None else f'{tps:,.0f}':>12} "
-              f"{'' if mfu is None else f'{mfu:.0%}':>5}", file=out)
-    print("\nwhy:", file=out)
-    for line in result.plans[0].why:
-        print(f"  - {line}", file=out)
+        rows.append([str(i), describe(p.layout), f"{p.estimate.memory.per_gpu.total_bytes / scale:.2f}",
+                     f"{t.step_seconds:.4g}", "-" if tps is None else f"{tps:,.0f}",
+                     "-" if mfu is None else tables.percent_text(mfu)])
+    cols = [tables.Col(header="#"), tables.Col(header="layout", text=True), tables.Col(header=f"{unit}/GPU"),
+            tables.Col(header="s/step"), tables.Col(header="tok/s"), tables.Col(header="MFU")]
+    tables.show(con, None, cols, rows)
+    con.print("why:", markup=False)
+    con.print(tables.bullets(result.plans[0].why))
+    terms = buffer_terms(result.plans[0].estimate.memory.per_gpu)
+    if terms:
+        con.print()
+        con.print("buffers of #1 (per GPU):", markup=False)
+        con.print(tables.bullets([line.strip() for line in terms], marker=""))
 
 
 def run(args: argparse.Namespace) -> int:

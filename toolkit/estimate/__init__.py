@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from dstk.estimate import megatron as meg
 from dstk.estimate import memory as mem
 from dstk.estimate import timing as tm
+from dstk.estimate.steptime import step_time
 from dstk.layout import Layout, Training
 
 __all__ = ["Estimate", "MemoryBreakdown", "Memory", "Time", "ZeroBuffers", "estimate", "saved_activation_bytes", "SOURCES"]
@@ -24,18 +26,20 @@ SOURCES = {
     "grads_bytes": "DeepSpeed 0.19.8 stage_1_and_2.py / stage3.py / bf16_optimizer.py",
     "optimizer_bytes": "fp32 master + K fp32 states (Adam K=2), sharded by ZeRO >= 1",
     "activations_bytes": "Korthikanti et al. 2022 Table 2, re-derived for HF modules; 1F1B in flight",
-    "buffers_bytes": "DeepSpeed ZeRO buckets / ZeRO-3 live params / pipeline send-recv buffers",
+    "buffers_bytes": "named buffers live at the peak: ZeRO reduce buckets and flat copies, ZeRO-3 gathered "
+                     "params, logits and loss gradients, optimizer temporaries, offload and pipeline buffers",
     "overhead_bytes": "CUDA context, NCCL and allocator (hardware catalog input)",
-    "compute_seconds": "6N + 12LHQT FLOPs per token (PaLM App. B) at the GPU's achievable peak",
-    "comm_seconds": "ring collectives, 2(n-1)/n S (NCCL PERFORMANCE.md); ZeRO-3 1.5x (ZeRO §7)",
+    "compute_seconds": "per operator: GEMMs on the GPU's MAMF curve, memory-bound ops at HBM bandwidth",
+    "comm_seconds": "ring collectives, 2(n-1)/n S (NCCL PERFORMANCE.md); ZeRO-3 backward gathers exposed",
     "bubble_fraction": "(p-1)/(m v) (Narayanan et al. 2021 §2.2)",
 }
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
 class MemoryBreakdown:
-    """Bytes on one GPU of one pipeline stage. ``activations_bytes`` is None when unknown
-    (a model given by its parameter count alone)."""
+    """Bytes on one GPU of one pipeline stage at its peak: every term is what is live at the
+    fullest moment of the step (``dstk.estimate.memory.phase_peaks``), ``total_bytes`` is that
+    peak. ``activations_bytes`` is None when unknown (a model given by its parameter count alone)."""
 
     stage: int
     num_layers: int
@@ -44,7 +48,17 @@ class MemoryBreakdown:
     optimizer_bytes: int
     activations_bytes: int | None
     buffers_bytes: int
+    """The GPU buffers live at the peak: the ``buffers`` whose names ``peak_buffers`` lists."""
     overhead_bytes: int
+    peak_phase: str = "backward"
+    """"forward", "backward" or "step": the phase the peak falls in."""
+    buffers: tuple[mem.Buffer, ...] = ()
+    """Every named buffer of this rank, on the GPU and (offload) on the CPU, each with the phase
+    it is live in."""
+    peak_buffers: tuple[str, ...] = ()
+    """Names of the GPU ``buffers`` counted in ``buffers_bytes`` (live at the peak)."""
+    phases: dict = dataclasses.field(default_factory=dict)
+    """Phase -> the GPU's peak bytes in that phase (overhead included)."""
 
     @property
     def model_states_bytes(self) -> int:
@@ -58,7 +72,9 @@ class MemoryBreakdown:
         return {"stage": self.stage, "num_layers": self.num_layers, "params_bytes": self.params_bytes,
                 "grads_bytes": self.grads_bytes, "optimizer_bytes": self.optimizer_bytes,
                 "activations_bytes": self.activations_bytes, "buffers_bytes": self.buffers_bytes,
-                "overhead_bytes": self.overhead_bytes, "total_bytes": self.total_bytes}
+                "overhead_bytes": self.overhead_bytes, "total_bytes": self.total_bytes,
+                "peak_phase": self.peak_phase, "phases": dict(self.phases),
+                "buffers": [b.to_dict() for b in self.buffers], "peak_buffers": list(self.peak_buffers)}
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
@@ -81,7 +97,8 @@ class Memory:
 class Time:
     step_seconds: float
     compute_seconds: float
-    """Pipeline compute of all micro-batches on the slowest stage (TP collectives included)."""
+    """Pipeline compute of all micro-batches on the slowest stage (TP collectives and PP sends
+    included) and the optimizer step (``dstk.estimate.steptime``)."""
     comm_seconds: float
     """Exposed (not overlapped) data-parallel, pipeline and offload communication."""
     comm: dict
@@ -200,10 +217,13 @@ def _checkpointed_mask(f: _Facts, attention: str, recompute: str) -> bool:
     return recompute == "full" and attention == "eager" and f.shape is not None and not f.shape.rmsnorm
 
 
-def stage_layers(num_layers: int, pp: int) -> list[int]:
-    """Layers per stage: an even split, the remainder on the first stages (the embedding is
-    small next to a layer for most models; DeepSpeed's ``partition_method="parameters"`` differs
-    by at most one layer)."""
+def stage_layers(num_layers: int, pp: int, *, layout: Layout | None = None) -> list[int]:
+    """Layers per stage: the layout's uneven first/last stages where it has them (Megatron's
+    ``--decoder-first/last-pipeline-num-layers``, ``dstk.layout.stage_layer_counts``), else an even
+    split, the remainder on the first stages (the embedding is small next to a layer for most
+    models; DeepSpeed's ``partition_method="parameters"`` differs by at most one layer)."""
+    if layout is not None and layout.uneven_stages:
+        return list(layout.stage_layers(num_layers))
     base, extra = divmod(num_layers, pp)
     return [base + (1 if i < extra else 0) for i in range(pp)]
 
@@ -233,12 +253,14 @@ def stage_params(f: _Facts, *, layers: int, first: bool, last: bool, tp: int, pp
     TP shards every matrix and replicates norms (Shoeybi et al. 2019 §3). The embedding: DeepSpeed's
     AutoTP (``tp_style="autotp"``) shards the linear layers and the lm_head but keeps the input
     embedding whole (measured on 2 ranks, tests/test_estimate_deepspeed.py); Megatron shards it
-    by vocabulary (``"megatron"``). With pp > 1 a tied embedding lives on the first and the last
-    stage (DeepSpeed's ``TiedLayerSpec``)."""
+    by vocabulary (``"megatron"``: ``VocabParallelEmbedding``) and keeps learned position embeddings
+    whole (``torch.nn.Embedding``, megatron-core ``language_model_embedding.py``). With pp > 1 a tied
+    embedding lives on the first and the last stage (DeepSpeed's ``TiedLayerSpec``)."""
     embed_tp = tp if tp_style == "megatron" else 1
     params = layers * (f.layer_sharded / tp + f.layer_replicated)
     if first:
-        params += f.embed / embed_tp
+        word = f.embed_tensors[0] if f.embed_tensors else 0
+        params += word / embed_tp + (f.embed - word)
     if last:
         params += f.final + f.lm_head / tp
         if f.tied and pp > 1:
@@ -249,23 +271,33 @@ def stage_params(f: _Facts, *, layers: int, first: bool, last: bool, tp: int, pp
 def rank_params(model, layout: Layout, *, stage: int = 0, tp_style: str = "autotp") -> float:
     """``stage_params`` for a model and a layout: what one GPU of ``stage`` holds before ZeRO."""
     f = _model_facts(model)
-    counts = stage_layers(f.layers, layout.pp)
+    counts = stage_layers(f.layers, layout.pp, layout=layout)
     return stage_params(f, layers=counts[stage], first=stage == 0, last=stage == layout.pp - 1, tp=layout.tp,
                         pp=layout.pp, tp_style=tp_style)
 
 
 def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem.ZeroBuffers | None = None,
-             tp_style: str = "autotp") -> Estimate:
+             tp_style: str = "autotp", engine: str = "deepspeed") -> Estimate:
     """Memory per GPU (per stage) and step time of ``layout`` for ``model`` on ``cluster``.
 
     ``model`` is a ``dstk.models.ModelSpec``, or an ``int`` parameter count (model states only:
     activations are None and per-layer quantities are approximated as one layer).
     ``buffers`` are DeepSpeed's bucket settings (default: DeepSpeed's defaults); ``tp_style``
-    says how tensor parallelism treats the embedding (``stage_params``).
+    says how tensor parallelism treats the embedding (``stage_params``). ``engine="megatron"``
+    prices the Megatron engine instead of DeepSpeed's (``dstk.estimate.megatron``: fp32 main
+    gradients, the distributed optimizer as ZeRO 1, vocabulary-parallel embedding, Korthikanti et
+    al.'s activations for its fused kernels).
     """
+    if engine not in ("deepspeed", "megatron"):
+        raise ValueError(f"engine: expected deepspeed or megatron, got {engine!r}")
+    if engine == "megatron":
+        meg.check_layout(zero_stage=layout.zero_stage, offload_optimizer=layout.offload_optimizer,
+                         offload_params=layout.offload_params)
     if layout.world_size != cluster.world_size:
         raise ValueError(f"layout: dp*tp*pp = {layout.world_size} but the cluster has {cluster.world_size} GPUs")
     buffers = buffers or _DEFAULT_BUFFERS
+    megatron = engine == "megatron"  # Megatron's own accounting: dstk.estimate.megatron
+    tp_style = "megatron" if megatron else tp_style
     f = _model_facts(model)
     known = f.shape is not None
     tp, pp, dp = layout.tp, layout.pp, layout.dp
@@ -298,12 +330,19 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
                                                dropout=shape.dropout, rotary=f.rotary, head_dim=f.head_dim, tp=tp,
                                                checkpointed_mask=_checkpointed_mask(f, training.attention,
                                                                                     layout.recompute))
+        if megatron:  # Megatron's fused kernels save less than HF modules (Korthikanti et al. Table 2)
+            terms = meg.activation_terms(shape=shape, gated=getattr(model, "gated_mlp", True), tokens=tokens_mb,
+                                         seq_len=training.seq_len, vocab=f.vocab, act_bytes=w,
+                                         attention=training.attention, recompute=layout.recompute, tp=tp,
+                                         sequence_parallel_tp=sp)
+            per_layer_act, full_layer_act = terms.layer_bytes, terms.recompute_layer_bytes
+            io_first, io_last = terms.first_stage_bytes, terms.last_stage_bytes
 
     stages = []
     cpu_total = nvme_total = 0.0
     slowest_flops = 0.0
     fwd_layer_flops = 2.0 * f.layer_matmul_active + 4.0 * training.seq_len * f.attention_width
-    counts = stage_layers(f.layers, pp)
+    counts = stage_layers(f.layers, pp, layout=layout)
     for i, n in enumerate(counts):
         first, last = i == 0, i == pp - 1
         params = stage_params(f, layers=n, first=first, last=last, tp=tp, pp=pp, tp_style=tp_style)
@@ -313,15 +352,18 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
                                   offload_optimizer=layout.offload_optimizer, offload_params=layout.offload_params,
                                   state_elements=mem.adafactor_state_elements(params, f.hidden)
                                   if training.optimizer == "adafactor" else None)
-        buf = mem.reduce_bucket_bytes(zero_stage=layout.zero_stage, precision=training.precision, params=params,
-                                      buffers=buffers)
-        buf += mem.live_param_bytes(zero_stage=layout.zero_stage, precision=training.precision, params=params,
+        fixed, cpu_buffers = _fixed_buffers(layout=layout, training=training, params=params, dp=dp, f=f,
+                                            buffers=buffers, tokens=tokens_mb)
+        offload_cpu = sum(b.bytes for b in cpu_buffers)
+        live = mem.live_param_bytes(zero_stage=layout.zero_stage, precision=training.precision, params=params,
                                     largest_module=f.largest_tensor / tp, buffers=buffers)
-        offload_gpu, offload_cpu = mem.offload_buffer_bytes(
-            zero_stage=layout.zero_stage, precision=training.precision, offload_optimizer=layout.offload_optimizer,
-            params=params, dp=dp, largest_tensor=f.largest_tensor)
-        buf += offload_gpu
-        buf += mem.pipeline_buffer_bytes(pp=pp, tokens=tokens_mb, hidden=f.hidden, act_bytes=w)
+        if megatron:  # no ZeRO buckets: Megatron's states and buffers (dstk.estimate.megatron)
+            states = meg.model_states(params=params, precision=training.precision, optimizer=training.optimizer,
+                                      distributed_optimizer=layout.zero_stage >= 1, dp=dp)
+            buf = meg.buffer_bytes(tp=tp, pp=pp, sequence_parallel=layout.sequence_parallel, tokens=tokens_mb,
+                                   hidden=f.hidden, act_bytes=w)
+            fixed = (mem.Buffer(name="Megatron buffers", bytes=int(buf), formula="dstk.estimate.megatron"),) \
+                if buf else ()
         act = None
         if known:
             held = mem.in_flight_microbatches(pp=pp, stage=i, grad_accum=m, virtual_stages=layout.virtual_stages)
@@ -330,99 +372,65 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
                 act += io_first * held
             if last:
                 act += io_last
+        if megatron:  # Megatron's accounting is one sum: states, the step's fp32 gradients, activations
+            fullest = mem.PhasePeak(phase="backward", params_bytes=states.params_bytes,
+                                    grads_bytes=states.grads_bytes + states.step_grads_bytes,
+                                    optimizer_bytes=states.optimizer_bytes, activations_bytes=act, buffers=fixed)
+            peaks = (fullest,)
+        else:
+            peaks = mem.phase_peaks(
+                zero_stage=layout.zero_stage, precision=training.precision, optimizer=training.optimizer, dp=dp,
+                params=params, largest_tensor=f.largest_tensor / tp, states=states, buffers=buffers,
+                activations_bytes=act, logits_elements=tokens_mb * f.vocab / tp if (known and last) else 0.0,
+                grad_accum=m, offload_optimizer=layout.offload_optimizer, live_params_bytes=live, fixed=fixed,
+                cpu_rank=gpu.is_cpu)
+            fullest = max(peaks, key=lambda p: p.total_bytes)
+        named = {b.name: b for p in peaks for b in p.buffers}
         stages.append(MemoryBreakdown(
-            stage=i, num_layers=n, params_bytes=int(states.params_bytes),
-            grads_bytes=int(states.grads_bytes + states.step_grads_bytes),
-            optimizer_bytes=int(states.optimizer_bytes), activations_bytes=None if act is None else int(act),
-            buffers_bytes=int(buf), overhead_bytes=int(gpu.overhead_bytes)))
+            stage=i, num_layers=n, params_bytes=int(fullest.params_bytes), grads_bytes=int(fullest.grads_bytes),
+            optimizer_bytes=int(fullest.optimizer_bytes),
+            activations_bytes=None if fullest.activations_bytes is None else int(fullest.activations_bytes),
+            buffers_bytes=int(fullest.buffers_bytes), overhead_bytes=int(gpu.overhead_bytes), peak_phase=fullest.phase,
+            buffers=tuple(named.values()) + cpu_buffers, peak_buffers=tuple(b.name for b in fullest.buffers),
+            phases={p.phase: int(p.total_bytes) + int(gpu.overhead_bytes) for p in peaks}))
         cpu_total = max(cpu_total, states.cpu_bytes + offload_cpu)
         nvme_total = max(nvme_total, states.nvme_bytes)
         stage_flops = n * fwd_layer_flops + (2.0 * f.head_matmul if last else 0.0)
         slowest_flops = max(slowest_flops, stage_flops)
 
     # --- time -------------------------------------------------------------------------------
-    tokens_step = layout.global_batch * training.seq_len
-    fwd_token = f.layers * fwd_layer_flops + 2.0 * f.head_matmul
-    attn_fwd = tm.attention_forward_flops_per_token(num_layers=f.layers, seq_len=training.seq_len,
-                                                     attention_width=f.attention_width)
-    model_flops_token, hw_flops_token = tm.training_flops(forward=fwd_token, attention_forward=attn_fwd,
-                                                          recompute=layout.recompute)
-    achievable = peak * gpu.achievable_fraction
-    # One micro-batch on the slowest stage, forward + backward (+ recompute), sharded by TP.
-    recompute_factor = hw_flops_token / model_flops_token
-    mb_compute = 3.0 * slowest_flops * recompute_factor * tokens_mb / tp / achievable
-    tp_seconds = pp_seconds = 0.0
-    if tp > 1:
-        bw, lat = _bandwidth(group=tp, stride=1, cluster=cluster)
-        per_layer = tm.tp_allreduce_bytes_per_layer(tokens=tokens_mb, hidden=f.hidden, act_bytes=w,
-                                                    recompute=layout.recompute)
-        count = 6 if layout.recompute == "full" else 4
-        tp_seconds = max(counts) * tm.ring_allreduce_seconds(nbytes=per_layer / count, ranks=tp, bandwidth=bw,
-                                                             latency=lat) * count
-    if pp > 1:
-        bw, lat = _bandwidth(group=2, stride=tp * dp, cluster=cluster)
-        # Activations forward and gradients backward cross each boundary once per micro-batch;
-        # interleaving crosses v times as many boundaries (Narayanan et al. 2021 §2.2.2).
-        pp_seconds = 2 * layout.virtual_stages * (tokens_mb * f.hidden * w / tp / bw + lat)
-    stage_mb = mb_compute + tp_seconds + pp_seconds
-    compute = m * stage_mb
-    bubble_frac = tm.bubble_fraction(pp=pp, microbatches=m, virtual_stages=layout.virtual_stages)
-    bubble = bubble_frac * compute
-
-    # Data parallel: gradients (and ZeRO-3's parameter gathers) over the DP group.
-    worst = max(stages, key=lambda s: s.params_bytes + s.grads_bytes)
-    worst_params = stage_params(f, layers=worst.num_layers, first=worst.stage == 0, last=worst.stage == pp - 1,
-                                tp=tp, pp=pp, tp_style=tp_style)
-    grad_bytes = w * worst_params
-    dp_seconds = gather_seconds = offload_seconds = 0.0
-    if dp > 1:
-        bw, lat = _bandwidth(group=dp, stride=tp, cluster=cluster)
-        if layout.zero_stage == 3:
-            # Per micro-batch: gather the parameters for forward and for backward, reduce-scatter
-            # the gradients (ZeRO §7: 3 Psi per step instead of 2 Psi).
-            gather_seconds = m * 2 * tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
-            dp_seconds = m * tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
-        elif layout.zero_stage == 2:
-            # DeepSpeed's stage 2 reduce-scatters in every micro-step (it keeps only a gradient
-            # partition), then all-gathers the updated parameters once.
-            dp_seconds = (m + 1) * tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
-        else:
-            dp_seconds = tm.ring_allreduce_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
-    if layout.offload_optimizer != "none" or layout.offload_params != "none":
-        shard = worst_params / (dp if layout.zero_stage else 1)
-        # fp32 gradients down, bf16 parameters up over PCIe, and the CPU optimizer's update.
-        offload_seconds = (4 + w) * shard / gpu.host_bytes_per_s + shard / cluster.cpu_adam_params_per_s
-        if layout.offload_params != "none":
-            offload_seconds += m * 2 * w * shard * dp / gpu.host_bytes_per_s
-    # Overlap: ZeRO-2/3 (overlap_comm) hide reduction behind backward (2/3 of compute) and ZeRO-3
-    # prefetch hides gathers behind forward and backward; ZeRO 0/1 reduce after backward.
-    backward = compute * 2.0 / 3.0
-    if layout.zero_stage >= 2:
-        exposed_dp = max(0.0, dp_seconds - backward)
-        exposed_gather = max(0.0, gather_seconds - (compute - min(dp_seconds, backward)))
-    else:
-        exposed_dp, exposed_gather = dp_seconds, 0.0
-    comm = exposed_dp + exposed_gather + offload_seconds
-    step = compute + bubble + comm
-    world = cluster.world_size
-    model_flops_step = model_flops_token * tokens_step
-    tps = tokens_step / step if step > 0 else 0.0
-    achieved = model_flops_step / step / world if step > 0 else 0.0
-    time = Time(
-        step_seconds=step, compute_seconds=compute, comm_seconds=comm,
-        comm={"dp": dp_seconds, "zero3_gather": gather_seconds, "tp": m * tp_seconds, "pp": m * pp_seconds,
-              "offload": offload_seconds},
-        bubble_seconds=bubble, bubble_fraction=bubble_frac, tokens_per_second=tps,
-        tflops_per_gpu=achieved / 1e12, mfu=achieved / peak, hfu=achieved * recompute_factor / peak,
-        model_flops_per_step=model_flops_step,
-        time_to_train_seconds=training.num_tokens / tps if training.num_tokens and tps else None,
-    )
+    time = step_time(facts=f, layout=layout, training=training, cluster=cluster, buffers=buffers, tp_style=tp_style)
     per_gpu = max(stages, key=lambda s: s.total_bytes)
     memory = Memory(per_gpu=per_gpu, per_stage=tuple(stages), cpu_bytes=int(cpu_total), nvme_bytes=int(nvme_total))
     return Estimate(memory=memory, time=time, layout=layout, training=training, model=model, cluster=cluster)
 
 
 _DEFAULT_BUFFERS = mem.ZeroBuffers()
+
+
+def _fixed_buffers(*, layout: Layout, training: Training, params: float, dp: int, f: _Facts,
+                   buffers: mem.ZeroBuffers, tokens: int) -> tuple[tuple[mem.Buffer, ...], tuple[mem.Buffer, ...]]:
+    """(GPU, CPU) buffers live through the whole step: ZeRO-3's reduce bucket (allocated at
+    initialize, ``memory.reduce_bucket_bytes``), ZeRO-1/2's offload staging buffers
+    (``memory.offload_buffer_bytes``) and the pipeline engine's send/receive buffers."""
+    w = mem.param_bytes(training.precision)
+    gpu: list[mem.Buffer] = []
+    cpu: list[mem.Buffer] = []
+    if layout.zero_stage == 3 and buffers.contiguous_gradients:
+        gpu.append(mem.Buffer(name="reduce bucket", bytes=int(w * buffers.reduce_bucket_size),
+                              formula=mem.element_formula(buffers.reduce_bucket_size, w, "ZeRO-3: from initialize")))
+    on_gpu, on_cpu = mem.offload_buffer_bytes(zero_stage=layout.zero_stage, precision=training.precision,
+                                              offload_optimizer=layout.offload_optimizer, params=params, dp=dp,
+                                              largest_tensor=f.largest_tensor)
+    if on_gpu:
+        gpu.append(mem.Buffer(name="offload staging", bytes=int(on_gpu), formula="w x largest tensor"))
+    if on_cpu:
+        cpu.append(mem.Buffer(name="offload staging", bytes=int(on_cpu), formula="w x (P/n + largest tensor)",
+                              device="cpu"))
+    pipe = mem.pipeline_buffer_bytes(pp=layout.pp, tokens=tokens, hidden=f.hidden, act_bytes=w)
+    if pipe:
+        gpu.append(mem.Buffer(name="pipeline send/recv", bytes=int(pipe), formula="2 x 2 x b s h w"))
+    return tuple(gpu), tuple(cpu)
 
 
 def saved_activation_bytes(*, model, micro_batch: int, seq_len: int, precision: str = "bf16", attention: str = "sdpa",

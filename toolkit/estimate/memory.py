@@ -72,8 +72,9 @@ def model_states(*, params: float, persistent: float, precision: str, optimizer:
       partition buffer allocated at initialize, master and states as above, ``4P/n`` at the step.
 
     Offload (ZeRO-Offload, Ren et al. 2021): master, states and the fp32 gradient partition move
-    to CPU (master + states to NVMe with ``nvme``); offloaded parameters leave only ZeRO-3's
-    gathered working set on the GPU (counted in buffers).
+    to CPU (master + states to NVMe with ``nvme``); under ZeRO-3 the bit16 gradient partition
+    too (``stage3.py``: ``self.device`` is the CPU under any optimizer offload); offloaded
+    parameters leave only ZeRO-3's gathered working set on the GPU (counted in buffers).
     """
     w = param_bytes(precision)
     k = OPTIMIZER_STATES[optimizer] if state_elements is None else state_elements / max(params, 1)
@@ -92,10 +93,14 @@ def model_states(*, params: float, persistent: float, precision: str, optimizer:
     # partition (through the staging buffers of ``offload_buffer_bytes``): no bit16 partition.
     grads = 0.0 if (offload_optimizer != "none" and zero_stage < 3) else w * shard
     cpu = nvme = 0.0
+    if zero_stage == 3 and offload_optimizer != "none":
+        # stage3.py sets ``self.device`` to the CPU under any optimizer offload and allocates
+        # ``grad_partitions_flat_buffer`` there (``_setup_for_real_optimizer``).
+        cpu, grads = grads, 0.0
     if offload_optimizer == "cpu":
-        cpu, master, states, step_grads = master + states + step_grads, 0.0, 0.0, 0.0
+        cpu, master, states, step_grads = cpu + master + states + step_grads, 0.0, 0.0, 0.0
     elif offload_optimizer == "nvme":
-        nvme, cpu, master, states, step_grads = master + states, step_grads, 0.0, 0.0, 0.0
+        nvme, cpu, master, states, step_grads = master + states, cpu + step_grads, 0.0, 0.0, 0.0
     if offload_params == "cpu":
         cpu += w * shard
     elif offload_params == "nvme":
@@ -131,14 +136,21 @@ class ZeroBuffers:
 
 
 def reduce_bucket_bytes(*, zero_stage: int, precision: str, params: float, buffers: ZeroBuffers) -> float:
-    """The gradient reduce bucket: ``reduce_bucket_size`` elements of ``w`` bytes, never more
-    than the gradients it buckets. ZeRO-3 allocates it at initialize and keeps it; ZeRO-2 (and
-    ZeRO-1 in 0.19.8) creates it in backward (``ipg_buffer``) and drops it after the reduction,
-    so it is part of the peak. DeepSpeed's own estimators leave it out (research notes §1.2:
-    "GBs by default", tjruwase in DeepSpeed #1302)."""
-    if zero_stage == 0:
+    """The gradient reduce bucket(s): ``reduce_bucket_size`` elements of the gradient dtype (``w``),
+    **not capped by the model size**: DeepSpeed 0.19.8 allocates the full bucket whatever the
+    gradients it will hold. ZeRO-1/2 create it in the first gradient hook
+    (``stage_1_and_2.py`` ``setup_buckets``, called from ``process_gradients``) and a second one
+    when ``overlap_comm`` is on ("double buffers"), and drop them when backward ends
+    (``_release_ipg_buffers``), so a snapshot after ``backward()`` never sees them; ZeRO-3
+    allocates one at initialize and keeps it (``stage3.py`` ``_setup_for_real_optimizer``), with
+    or without ``overlap_comm``. Only with ``contiguous_gradients`` (the default). DeepSpeed's
+    own estimators leave it out (research notes §1.2; tjruwase in DeepSpeed #1302).
+    ``params`` is unused: kept so callers need not change."""
+    del params
+    if zero_stage == 0 or not buffers.contiguous_gradients:
         return 0.0
-    return param_bytes(precision) * min(buffers.reduce_bucket_size, params)
+    copies = 2 if (zero_stage in (1, 2) and buffers.overlaps(zero_stage)) else 1
+    return float(copies * param_bytes(precision) * buffers.reduce_bucket_size)
 
 
 def offload_buffer_bytes(*, zero_stage: int, precision: str, offload_optimizer: str, params: float, dp: int,
@@ -155,13 +167,217 @@ def offload_buffer_bytes(*, zero_stage: int, precision: str, offload_optimizer: 
 
 def live_param_bytes(*, zero_stage: int, precision: str, params: float, largest_module: float,
                      buffers: ZeroBuffers) -> float:
-    """ZeRO-3's gathered parameters while a module runs: the largest module plus the prefetch
-    bucket, capped by ``stage3_max_live_parameters`` (DeepSpeed's estimator counts the largest
-    layer only, ``estimate_zero3_model_states_mem_needs``: ``4 * largest_layer``)."""
+    """ZeRO-3's gathered parameters while forward and backward run. DeepSpeed releases a gathered
+    parameter only when its next use lies beyond ``stage3_max_reuse_distance`` elements and keeps
+    at most ``stage3_max_live_parameters`` gathered (``partitioned_param_coordinator.py``
+    ``__params_to_release``), so the working set is the largest module plus the prefetch
+    bucket, or up to ``min(max_live, max_reuse)`` retained ones, never more than the parameters:
+    with DeepSpeed's 1e9 defaults a model under 1e9 parameters stays whole once gathered.
+    (DeepSpeed's estimator counts the largest layer only: ``4 * largest_layer``.)"""
     if zero_stage != 3:
         return 0.0
-    return param_bytes(precision) * min(buffers.max_live_parameters, largest_module + buffers.prefetch_bucket_size,
-                                        params)
+    retained = min(buffers.max_live_parameters, buffers.max_reuse_distance)
+    return param_bytes(precision) * min(max(largest_module + buffers.prefetch_bucket_size, retained), params)
+
+
+# --- the peak through one step ---------------------------------------------------------------
+
+PHASES = ("forward", "backward", "step")
+
+ALLREDUCE_BUCKET_ELEMENTS = 500_000_000
+"""``MEMORY_OPT_ALLREDUCE_SIZE`` in ``deepspeed/runtime/constants.py``: ZeRO-0's engine flattens
+the gradients into buckets of up to this many elements to all-reduce them."""
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Buffer:
+    """One named allocation beside parameters, gradients, optimizer states and saved activations."""
+
+    name: str
+    """What it is, e.g. "reduce bucket"."""
+    bytes: int
+    formula: str
+    """How ``bytes`` is made, e.g. "2 x 5e8 x 2 B (overlap_comm)"."""
+    device: str = "gpu"
+    """"gpu" or "cpu" (an offloaded buffer; on CPU ranks everything is "gpu": the rank's device)."""
+    phase: str = "always"
+    """When it is live: "always" (from initialize on), "forward", "backward", "step", or two of
+    them ("forward, backward")."""
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "bytes": self.bytes, "formula": self.formula, "device": self.device,
+                "phase": self.phase}
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class PhasePeak:
+    """The live bytes of one rank's device at the fullest moment of one phase, by term."""
+
+    phase: str
+    params_bytes: float
+    grads_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float | None
+    buffers: tuple[Buffer, ...]
+    """The device's named buffers live at that moment."""
+
+    @property
+    def buffers_bytes(self) -> float:
+        return float(sum(b.bytes for b in self.buffers))
+
+    @property
+    def total_bytes(self) -> float:
+        return (self.params_bytes + self.grads_bytes + self.optimizer_bytes + (self.activations_bytes or 0.0)
+                + self.buffers_bytes)
+
+
+def _elements(x: float) -> str:
+    """5e8, 1.6e7, 262,144: the way a person writes an element count."""
+    return f"{x:.3g}".replace("e+0", "e").replace("e+", "e") if x >= 1e6 else f"{int(x):,}"
+
+
+def element_formula(count: float, unit: int, what: str = "") -> str:
+    """``5e8 x 2 B (overlap_comm)``: an element count times bytes per element, and why."""
+    return f"{_elements(count)} x {unit} B" + (f" ({what})" if what else "")
+
+
+def phase_peaks(*, zero_stage: int, precision: str, optimizer: str, dp: int, params: float, largest_tensor: float,
+                states: ModelStates, buffers: ZeroBuffers, activations_bytes: float | None,
+                logits_elements: float = 0.0, grad_accum: int = 1, offload_optimizer: str = "none",
+                live_params_bytes: float = 0.0, fixed: tuple[Buffer, ...] = (),
+                cpu_rank: bool = False) -> tuple[PhasePeak, ...]:
+    """The fullest moment of forward, backward and the optimizer step on one rank's device,
+    following DeepSpeed 0.19.8's code (``P`` = ``params``, this rank's elements before ZeRO;
+    ``n`` = dp; ``Ps = P/n``; ``w`` = 2 or 4; ``A`` = saved activations; ``L`` = logits elements of
+    one micro-batch on the last stage; ``g`` = ``largest_tensor``).
+
+    Between steps the device holds parameters, fp32 master and optimizer states (``states``), the
+    ``fixed`` buffers (ZeRO-3's reduce bucket, offload staging, pipeline buffers) and, under ZeRO-3,
+    the bit16 gradient partition. Each phase adds:
+
+    - **forward**, at the loss: ``A``, ZeRO-3's gathered parameters, and HF's loss transient: the
+      logits (``wL``) and their fp32 upcast (``4L``, bf16/fp16 only; ``ForCausalLMLoss``) beside the
+      saved fp32 log-softmax (in ``A``).
+    - **backward**: activations are freed layer by layer as gradients appear, so the live sum is
+      linear in the layer index and peaks at one end (checked: the measured peaks fall at the
+      first gradient or at the reduction):
+      at its start ``A`` + the fp32 gradients of the log-probabilities and of the upcast logits
+      (``8L``); at the first gradient hook ``A + wg`` + ZeRO-1/2's reduce bucket(s), created there
+      (``reduce_bucket_bytes``); at its end the gradients and the copy the reduction flattens:
+      ZeRO-0 ``wP`` + ``w min(P, 5e8)`` (``engine.py`` ``allreduce_gradients`` ->
+      ``buffered_allreduce_fallback``); ZeRO-1/2 flatten the bucket they reduce
+      (``w min(P, reduce_bucket_size)``, ``allreduce_and_copy_with_multiple_ranks``) beside the
+      gradients not yet moved into a bucket, when the bucket is smaller than ``P``: ZeRO-1 without
+      ``overlap_comm`` keeps every ``param.grad`` until ``reduce_gradients`` (``wP``), otherwise
+      the bit16 partition ``grads_in_partition`` (``wPs``) the earlier buckets were reduced into.
+    - **step**: ZeRO-0 in bf16/fp16 keeps the bit16 gradients (``wP``) and copies each into an fp32
+      gradient (``4P``, ``fp16/unfused_optimizer.py``); the fused path that FusedAdam takes on a
+      GPU (``fp16/fused_optimizer.py``) flattens those copies, ``+4P``. ZeRO-1/2/3 flatten the
+      bit16 partition (``wPs``) and cast it to the fp32 partition gradient (``4Ps``,
+      ``stage_1_and_2.py`` / ``stage3.py`` ``step``); the bit16 partition is freed before the
+      optimizer runs, so the two never coexist with its temporaries. On CPU ranks torch's
+      single-tensor AdamW allocates ``sqrt(v)`` and ``sqrt(v)/c`` of each fp32 tensor
+      (torch 2.13 ``torch/optim/adam.py`` ``_single_tensor_adam``:
+      ``denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(eps)``): ``2 x 4`` bytes per element of the largest
+      one (ZeRO-0: ``g``; ZeRO-1/2/3: the flat partition ``Ps``). FusedAdam and DeepSpeedCPUAdam
+      allocate none. With optimizer offload the fp32 gradients and the update live on the CPU.
+
+    With gradient accumulation the gradients of earlier micro-batches are live in forward too.
+    Checked against the peak of live allocator bytes on 2 gloo ranks (``tests/test_estimate_peak.py``:
+    ZeRO 0-3, ``overlap_comm`` on and off, DeepSpeed's and dstk's bucket sizes, bf16 and fp32).
+    """
+    w = param_bytes(precision)
+    shard = params / dp
+    act = activations_bytes
+    base_grads = states.grads_bytes if zero_stage == 3 else 0.0
+    offloaded = offload_optimizer != "none"
+    adam = optimizer in ("adam", "adamw")
+    gathered = (Buffer(name="ZeRO-3 gathered parameters", bytes=int(live_params_bytes),
+                       formula="w x min(P, max(largest module + prefetch, min(max_live, max_reuse)))",
+                       phase="forward, backward"),) if live_params_bytes else ()
+
+    # Gradients held from earlier micro-batches of the same step (and at the end of backward).
+    if zero_stage == 0:
+        held = w * params
+    elif zero_stage == 3:
+        held = 0.0  # in the partition buffer, counted in base_grads
+    elif zero_stage == 1 and not buffers.overlaps(1):
+        held = w * params
+    else:
+        held = 0.0 if offloaded else w * shard
+    accum = held if grad_accum > 1 else 0.0
+
+    logits_fwd = (w + (4 if w != 4 else 0)) * logits_elements
+    fwd_bufs = gathered + ((Buffer(name="logits and their fp32 upcast", bytes=int(logits_fwd),
+                                   formula=f"({w} + 4) B x logits", phase="forward"),) if logits_fwd else ())
+    forward = PhasePeak(phase="forward", params_bytes=states.params_bytes, grads_bytes=base_grads + accum,
+                        optimizer_bytes=states.optimizer_bytes, activations_bytes=act, buffers=fixed + fwd_bufs)
+
+    bucket = reduce_bucket_bytes(zero_stage=zero_stage, precision=precision, params=params, buffers=buffers)
+    copies = 2 if (zero_stage in (1, 2) and buffers.overlaps(zero_stage)) else 1
+    bucket_bufs = ()
+    if bucket and zero_stage in (1, 2):
+        bucket_bufs = (Buffer(name="reduce bucket", bytes=int(bucket), phase="backward",
+                              formula=(f"{copies} x " if copies > 1 else "")
+                              + element_formula(buffers.reduce_bucket_size, w, "overlap_comm" if copies > 1 else "")),)
+    gathered_b = gathered
+    loss_grad = 8.0 * logits_elements
+    start = PhasePeak(phase="backward", params_bytes=states.params_bytes, grads_bytes=base_grads + accum,
+                      optimizer_bytes=states.optimizer_bytes, activations_bytes=act,
+                      buffers=fixed + gathered_b + ((Buffer(name="loss gradients", bytes=int(loss_grad),
+                                                           formula="2 x 4 B x logits", phase="backward"),)
+                                                    if loss_grad else ()))
+    first = PhasePeak(phase="backward", params_bytes=states.params_bytes,
+                      grads_bytes=base_grads + accum + w * largest_tensor, optimizer_bytes=states.optimizer_bytes,
+                      activations_bytes=act, buffers=fixed + gathered_b + bucket_bufs)
+    if zero_stage == 0:
+        copy = w * min(params, ALLREDUCE_BUCKET_ELEMENTS)
+        copy_buf = Buffer(name="all-reduce flat copy", bytes=int(copy), phase="backward",
+                          formula=f"w x min(P, 5e8) = {element_formula(min(params, ALLREDUCE_BUCKET_ELEMENTS), w)}")
+        end_grads = held
+    else:
+        flat = min(params, buffers.reduce_bucket_size)
+        copy = w * flat
+        copy_buf = Buffer(name="reduce-scatter flat copy" if zero_stage == 3 else "reduce flat copy", bytes=int(copy),
+                          phase="backward",
+                          formula=f"w x min(P, reduce_bucket_size) = {element_formula(flat, w)}")
+    if zero_stage == 3:
+        end_grads = 0.0
+    elif zero_stage != 0:
+        # A bucket that takes every gradient has them all moved into it by the time it is
+        # flattened; a smaller one leaves the rest held (ZeRO-1 without overlap_comm: ``param.grad``;
+        # otherwise the bit16 partition the earlier buckets were reduced into).
+        end_grads = held if buffers.reduce_bucket_size < params else 0.0
+    end = PhasePeak(phase="backward", params_bytes=states.params_bytes, grads_bytes=base_grads + end_grads,
+                    optimizer_bytes=states.optimizer_bytes, activations_bytes=0.0 if act is not None else None,
+                    buffers=fixed + gathered_b + bucket_bufs + (copy_buf,))
+    backward = max((start, first, end), key=lambda p: p.total_bytes)
+
+    temps = 0.0
+    if cpu_rank and adam and not offloaded:
+        temps = 8.0 * (largest_tensor if zero_stage == 0 else shard)
+    temp_buf = (Buffer(name="AdamW temporaries", bytes=int(temps), phase="step",
+                       formula="2 x 4 B x " + ("largest tensor" if zero_stage == 0 else "fp32 partition")),) \
+        if temps else ()
+    if zero_stage == 0:
+        fp32_grads = 4.0 * params if w != 4 else 0.0
+        step_grads = w * params + fp32_grads
+        fused = Buffer(name="fp32 gradient flat copy", bytes=int(4 * params), phase="step",
+                       formula="4 B x P (fused_optimizer.py)")
+        step_bufs = temp_buf if (cpu_rank or w == 4) else (fused,)
+        step = PhasePeak(phase="step", params_bytes=states.params_bytes, grads_bytes=step_grads,
+                         optimizer_bytes=states.optimizer_bytes, activations_bytes=0.0 if act is not None else None,
+                         buffers=fixed + step_bufs)
+    else:
+        fp32 = states.step_grads_bytes  # 4Ps on the device, 0 with offload
+        flat = Buffer(name="bit16 gradient flat copy", bytes=int(w * shard), phase="step",
+                      formula=f"w x P/n = {element_formula(shard, w)}")
+        cast = PhasePeak(phase="step", params_bytes=states.params_bytes, grads_bytes=base_grads + fp32,
+                         optimizer_bytes=states.optimizer_bytes, activations_bytes=0.0 if act is not None else None,
+                         buffers=fixed + ((flat,) if fp32 else ()))
+        update = dataclasses.replace(cast, buffers=fixed + temp_buf)
+        step = max((cast, update), key=lambda p: p.total_bytes)
+    return forward, backward, step
 
 
 # --- activations ---------------------------------------------------------------------------------

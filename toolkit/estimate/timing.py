@@ -47,12 +47,6 @@ def ring_gather_seconds(*, nbytes: float, ranks: int, bandwidth: float, latency:
     return (ranks - 1) / ranks * nbytes / bandwidth + (ranks - 1) * latency
 
 
-def dp_traffic_factor(zero_stage: int) -> float:
-    """Gradient/parameter traffic per step, in units of one all-reduce of the model (ZeRO paper
-    §7: stages 0-2 move ``2 Psi`` per rank, ZeRO-3 ``3 Psi``, i.e. 1.5x)."""
-    return 1.5 if zero_stage == 3 else 1.0
-
-
 def bubble_fraction(*, pp: int, microbatches: int, virtual_stages: int = 1) -> float:
     """Idle share of the ideal pipeline time, ``(p - 1) / (m v)`` (Narayanan et al. 2021 §2.2)."""
     if pp <= 1:
@@ -60,10 +54,72 @@ def bubble_fraction(*, pp: int, microbatches: int, virtual_stages: int = 1) -> f
     return (pp - 1) / (microbatches * virtual_stages)
 
 
-def tp_allreduce_bytes_per_layer(*, tokens: int, hidden: int, act_bytes: int, recompute: str) -> float:
-    """Bytes all-reduced over the TP group per layer per micro-batch: two all-reduces of
-    ``b s h`` in forward, two in backward (Shoeybi et al. 2019 §3, Narayanan et al. 2021 §3.2);
-    full recompute repeats the two forward ones. Sequence parallelism turns each into a
-    reduce-scatter + all-gather of the same volume (Korthikanti et al. 2022 §4.2.2)."""
-    count = 6 if recompute == "full" else 4
-    return float(count * tokens * hidden * act_bytes)
+def gemm_seconds(*, m: float, n: float, k: float, peak_flops: float, fraction: float, count: float = 1.0) -> float:
+    """``count`` matrix multiplies of ``(m x k) @ (k x n)``: ``2 m n k`` FLOPs each at
+    ``fraction`` of the dense peak (``GPU.gemm_fraction`` of ``min(m, n, k)``)."""
+    return count * 2.0 * m * n * k / (peak_flops * fraction)
+
+
+def memory_seconds(*, nbytes: float, hbm_bytes_per_s: float | None) -> float:
+    """A memory-bound operator (norm, activation, softmax, dropout, residual, optimizer step)
+    moves ``nbytes`` through device memory at the sustained HBM bandwidth (roofline: its FLOPs are
+    negligible next to its bytes). 0 when the bandwidth is unknown."""
+    return nbytes / hbm_bytes_per_s if hbm_bytes_per_s else 0.0
+
+
+def elementwise_bytes_per_token(*, hidden: int, q_width: int, kv_width: int, ffn: int, act_bytes: int, sp: int,
+                                gated: bool, rotary: bool, dropout: bool) -> float:
+    """Forward bytes per token of one layer's memory-bound operators on one GPU (widths already
+    divided by TP; ``sp`` = TP degree under sequence parallelism, else 1), each operator reading
+    its inputs once and writing its output once, as Megatron's fused kernels do (Korthikanti et al.
+    2022 §4.2.2 for what sequence parallelism shards):
+
+    - two norms, ``2 w h`` each, and two residual adds (with bias-dropout: ``(3w + 1) h`` with
+      the 1-byte mask, else ``3 w h``), over ``h / sp`` per token;
+    - the MLP activation: ``2 w f`` (GELU), ``3 w f`` (gated: gate and up in, product out);
+    - rotary embedding of q and k: ``2 w (q + kv)``.
+    """
+    w = act_bytes
+    replicated = 2 * 2 * w * hidden + 2 * (3 * w + (1 if dropout else 0)) * hidden
+    out = replicated / sp + (3 if gated else 2) * w * ffn
+    if rotary:
+        out += 2 * w * (q_width + kv_width)
+    return float(out)
+
+
+def softmax_bytes_per_score(*, act_bytes: int, dropout: bool) -> float:
+    """Forward bytes per attention score of eager attention: the fused scale-mask-softmax reads
+    the scores and writes the probabilities (``2w``); attention dropout reads and writes them again
+    and writes a 1-byte mask (``2w + 1``) (Korthikanti et al. 2022 Table 2 counts the same tensors
+    for memory)."""
+    return 2.0 * act_bytes + ((2.0 * act_bytes + 1.0) if dropout else 0.0)
+
+
+def optimizer_step_bytes_per_param(*, optimizer: str, precision: str) -> float:
+    """HBM bytes per parameter of one optimizer step on the GPU, counted kernel by kernel as
+    Megatron-LM and DeepSpeed run it with fp32 master weights (multi-tensor apply, fused Adam):
+    fp16 unscales the gradients and checks them for inf/nan (read and write 4); the gradient norm
+    reads them (4); Adam reads master, ``m``, ``v`` and the gradient and writes the first three
+    (28); the master is copied to the 16-bit parameter (read 4, write 2); the gradient buffer is
+    zeroed (write 4). One-state optimizers (SGD with momentum, Lion) move 8 less, Adafactor's
+    factored state about as little. fp32 training has no master copy (-6)."""
+    states = {"adamw": 2, "adam": 2, "sgd": 1, "lion": 1, "adafactor": 1}.get(optimizer, 2)
+    update = 4 * (2 + states) + 4 * (1 + states)
+    out = 4.0 + update + 4.0
+    if precision == "fp16":
+        out += 8.0
+    if precision != "fp32":
+        out += 6.0
+    return out
+
+
+def grad_accumulation_bytes_per_param(*, engine: str, precision: str) -> float:
+    """HBM bytes per parameter that every micro-batch's backward spends landing the weight
+    gradients where the optimizer reads them, on top of the weight-gradient GEMMs: Megatron
+    accumulates them into the contiguous fp32 ``main_grad`` buffer (read and write 4 bytes, fused
+    into the GEMM by ``gradient_accumulation_fusion``, Narayanan et al. 2021 §4.2); DeepSpeed
+    copies each 16-bit ``.grad`` into its contiguous reduce bucket (read and write ``w``;
+    ``contiguous_gradients``, ZeRO-2/3) or accumulates it into ``.grad`` (ZeRO-0/1)."""
+    if engine == "megatron":
+        return 8.0
+    return 2.0 * (4 if precision == "fp32" else 2)

@@ -3,7 +3,8 @@
 Versions and devices on this host (and, over ssh, on every host of a hostfile), stale op-build
 locks, and a short timed all-reduce over ranks started by the same runner a training job would
 use, reported as nccl-tests does (``dstk.launch.allreduce``), with the network interface NCCL
-picked (from its ``NCCL_DEBUG=INFO`` lines) or the one gloo uses.
+picked (from its ``NCCL_DEBUG=INFO`` lines) or the one gloo uses. ``run_calibrate`` starts the
+same ranks with the hardware microbenchmarks of ``dstk.launch.measure`` (``doctor --calibrate``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dstk.launch.allreduce import TAG as ALLREDUCE_TAG
 from dstk.launch.command import LaunchSpec, plan_launch
 from dstk.launch.hosts import Host
 from dstk.launch.locks import find_stale_locks
+from dstk.launch.measure import TAG as MEASURE_TAG
 from dstk.launch.run import run_plan
 
 Status = Literal["ok", "warn", "fail", "skip"]
@@ -142,9 +144,24 @@ def run_allreduce(spec: LaunchSpec, *, sizes: str = "1M,8M", iters: int = 5) -> 
         return _run_allreduce(allreduce_spec(spec, sizes=sizes, iters=iters, work_dir=work_dir))
 
 
-def _run_allreduce(bench: LaunchSpec) -> Check:
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class BenchOutput:
+    """What a benchmark launch printed: its tagged result lines and the rest of its output."""
+
+    returncode: int
+    messages: tuple[str, ...]
+    allreduce: tuple[dict, ...]
+    """``DSTK_ALLREDUCE`` lines (``dstk.launch.allreduce``), one per size."""
+    measure: dict | None
+    """The ``DSTK_MEASURE`` line (``dstk.launch.measure``), if any."""
+    nets: tuple[str, ...]
+    tail: str
+
+
+def _run_bench(bench: LaunchSpec) -> BenchOutput:
     plan = plan_launch(bench)
     results: list[dict] = []
+    measured: list[dict] = []
     nets: list[str] = []
     tail: list[str] = []
 
@@ -152,6 +169,9 @@ def _run_allreduce(bench: LaunchSpec) -> Check:
         body = line.split("] ", 1)[1] if line.startswith("[rank ") else line
         if body.startswith(ALLREDUCE_TAG):
             results.append(json.loads(body[len(ALLREDUCE_TAG):]))
+            return
+        if body.startswith(MEASURE_TAG):
+            measured.append(json.loads(body[len(MEASURE_TAG):]))
             return
         m = _NCCL_NET_RE.search(body)
         if m and m.group(1) not in nets:
@@ -161,17 +181,28 @@ def _run_allreduce(bench: LaunchSpec) -> Check:
 
     outcome = run_plan(plan, world_size=bench.world_size, expect_reports=bench.prefix_output, sink=sink,
                        check_locks=False)
-    if outcome.returncode != 0 or not results:
+    return BenchOutput(returncode=outcome.returncode, messages=tuple(outcome.messages), allreduce=tuple(results),
+                       measure=measured[-1] if measured else None, nets=tuple(nets), tail="".join(tail))
+
+
+def _run_allreduce(bench: LaunchSpec) -> Check:
+    return judge_allreduce(_run_bench(bench), env=dict(bench.env))
+
+
+def judge_allreduce(out: BenchOutput, *, env: dict) -> Check:
+    """The ``allreduce`` check from a benchmark launch's output."""
+    results, nets = list(out.allreduce), out.nets
+    if out.returncode != 0 or not results:
         return Check(name="allreduce", status="fail",
-                     detail="; ".join(outcome.messages) or "the benchmark printed no result",
-                     data={"output_tail": "".join(tail)},
+                     detail="; ".join(out.messages) or "the benchmark printed no result",
+                     data={"output_tail": out.tail},
                      hint="read the output tail (--format json); NCCL_DEBUG=INFO names the failing transport")
     largest = max(results, key=lambda r: r["size_bytes"])
     backend = largest["backend"]
     if backend == "nccl":
         interface = "; ".join(nets) or "not reported (NCCL printed no NET line)"
     else:
-        gloo_if = dict(bench.env).get("GLOO_SOCKET_IFNAME")
+        gloo_if = env.get("GLOO_SOCKET_IFNAME")
         interface = f"gloo on {gloo_if}" if gloo_if else "gloo on the interface of the host name (GLOO_SOCKET_IFNAME unset)"
     ok = all(r["correct"] for r in results)
     detail = (f"{backend}, {largest['world_size']} ranks, {largest['size_bytes'] / 2**20:g} MiB: "
@@ -180,6 +211,65 @@ def _run_allreduce(bench: LaunchSpec) -> Check:
     return Check(name="allreduce", status="ok" if ok else "fail", detail=detail,
                  data={"results": results, "interface": interface},
                  hint=None if ok else "the all-reduce result was wrong: suspect the fabric or the NCCL build")
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class SweepSettings:
+    """What ``dstk.launch.measure`` runs (its flags); ``for_device`` gives the defaults."""
+
+    precision: str = "bf16"
+    dims: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
+    """GEMM widths d of the sweep."""
+    tokens: int = 512
+    """GEMM rows m (at least d): tokens per micro-batch."""
+    copy_bytes: str = "128M"
+    """Copy buffer: several times the last-level cache (CPU L3, GPU L2)."""
+    min_seconds: float = 0.1
+    sizes: str = "256K,4M,32M"
+    """All-reduce sizes."""
+    iters: int = 5
+
+    @staticmethod
+    def for_device(*, cpu: bool, quick: bool = False, precision: str = "bf16") -> "SweepSettings":
+        """Defaults: a CPU rank runs the sweep in a few seconds (the widths of small models); a GPU
+        up to the 8192-wide GEMMs of large ones, with a 1 GiB copy (H100/H200 L2: 50 MiB)."""
+        if cpu:
+            if quick:
+                return SweepSettings(precision=precision, dims=(32, 128, 512), min_seconds=0.03, sizes="1M,8M",
+                                     copy_bytes="64M", iters=3)
+            return SweepSettings(precision=precision)
+        if quick:
+            return SweepSettings(precision=precision, dims=(512, 2048, 8192), tokens=8192, copy_bytes="1G",
+                                 min_seconds=0.05, sizes="16M,256M", iters=5)
+        return SweepSettings(precision=precision, dims=(128, 256, 512, 1024, 2048, 4096, 8192), tokens=8192,
+                             copy_bytes="1G", min_seconds=0.1, sizes="1M,16M,128M,512M", iters=10)
+
+    def script_args(self) -> tuple[str, ...]:
+        return ("--precision", self.precision, "--dims", ",".join(map(str, self.dims)), "--tokens", str(self.tokens),
+                "--copy-bytes", self.copy_bytes, "--min-seconds", str(self.min_seconds), "--sizes", self.sizes,
+                "--iters", str(self.iters))
+
+
+def run_calibrate(spec: LaunchSpec, *, settings: SweepSettings) -> tuple[Check, BenchOutput]:
+    """Start ``spec``'s ranks with ``dstk.launch.measure`` (GEMM sweep, copy bandwidth, operator
+    and layer floors, then the doctor's all-reduce) and return the ``calibrate`` check and the raw
+    output (``dstk.calibrate`` turns it into a profile)."""
+    with tempfile.TemporaryDirectory(prefix="dstk-calibrate-") as work_dir:
+        bench = allreduce_spec(spec, sizes=settings.sizes, iters=settings.iters, work_dir=work_dir)
+        bench = dataclasses.replace(bench, script="dstk.launch.measure", script_args=settings.script_args())
+        out = _run_bench(bench)
+    if out.returncode != 0 or out.measure is None:
+        return Check(name="calibrate", status="fail",
+                     detail="; ".join(out.messages) or "the measurement printed no result",
+                     data={"output_tail": out.tail},
+                     hint="read the output tail (--format json); run `dstk doctor` without --calibrate to check the "
+                          "ranks start"), out
+    ranks = out.measure["ranks"]
+    return Check(name="calibrate", status="ok",
+                 detail=f"{len(ranks)} rank(s), {out.measure['backend']}, GEMM sweep d = "
+                        f"{', '.join(str(g['n']) for g in ranks[0]['gemm'])} in {settings.precision}, copy, "
+                        f"layer floor, all-reduce {settings.sizes}",
+                 data={"measure": out.measure, "allreduce": list(out.allreduce)}), out
 
 
 def render_table(results: list[dict]) -> str:

@@ -1,0 +1,181 @@
+"""The step-time model against published runs, with the estimator called as the planner calls it.
+
+    .venv/bin/python benchmarks/estimate_published.py
+
+Two tables, each row: the predicted figure, the published one, the error; then mean and worst
+absolute error per table (goal: mean <= 5%, worst <= 8%). Nothing here is fitted to these rows:
+the hardware figures are the catalog's (``dstk.hardware``), the same for every row.
+
+1. Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models",
+   arXiv 2205.05198), Table 5: seconds per iteration of GPT models on Selene (A100-80GB SXM, 8 per
+   node, 8 x HDR InfiniBand), TP = 8, s = 2048, V = 51200, no data parallelism, fp16; model
+   dimensions, pipeline sizes and batch sizes from its Table 3. "full" = full recompute, "selective
+   + SP" = the paper's "present work".
+2. Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
+   Megatron-LM", arXiv 2104.04473), Table 2: PTD-P (Megatron, TP 8, PP 12 / 35) against ZeRO-3
+   without model parallelism (DeepSpeed), same machines, fp16, full recompute, s = 2048,
+   V = 51200. The published figure is "achieved teraFLOP/s per GPU" counted with the paper's Eq. 3,
+   ``F = 96 B s l h^2 (1 + s/(6h) + V/(16 l h))`` per iteration, which includes the recompute
+   forward (4 passes, not 3). Micro-batch sizes from the table: 1 for PTD-P; ZeRO-3 keeps the batch
+   on one GPU (batch / GPUs: 4, 2, 1). The 175B model: 96 layers, h = 12288, 96 heads; the 530B:
+   105 layers, h = 20480, 128 heads (the paper's Table 1).
+
+3. Korthikanti et al. 2022 Table 4: forward and backward milliseconds of one 22B layer (TP 8,
+   micro-batch 4) in five settings; ``dstk.estimate.steptime.layer_pass_seconds`` is the same
+   quantity. A check of the per-layer model, not one of the issue's goals.
+
+Megatron rows run the estimator with ``engine="megatron"`` and eager (fused-softmax) attention, as
+Megatron-LM did before FlashAttention; ZeRO-3 rows with ``engine="deepspeed"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+
+from dstk.estimate import estimate
+from dstk.hardware import Cluster, get_gpu, get_interconnect
+from dstk.layout import Layout, Training
+from dstk.models import family_module
+
+SEQ, VOCAB = 2048, 51200
+
+# name: (heads, hidden, layers, pp, gpus, global batch, micro-batch), Korthikanti Table 3
+KORTHIKANTI = {
+    "22B": (64, 6144, 48, 1, 8, 4, 4),
+    "175B": (96, 12288, 96, 8, 64, 64, 1),
+    "530B": (128, 20480, 105, 35, 280, 280, 1),
+    "1T": (160, 25600, 128, 64, 512, 512, 1),
+}
+KORTHIKANTI_SECONDS = {"22B": (1.42, 1.10), "175B": (18.13, 13.75), "530B": (49.05, 37.83), "1T": (94.42, 71.49)}
+
+NARAYANAN_MODELS = {"175B": (96, 12288, 96), "530B": (128, 20480, 105)}
+# (scheme, model, gpus, global batch, micro-batch, tp, pp, published TFLOP/s per GPU), Table 2
+NARAYANAN = (
+    ("ZeRO-3", "175B", 384, 1536, 4, 1, 1, 144),
+    ("ZeRO-3", "175B", 768, 1536, 2, 1, 1, 88),
+    ("ZeRO-3", "175B", 1536, 1536, 1, 1, 1, 44),
+    ("ZeRO-3", "530B", 640, 2560, 4, 1, 1, 138),
+    ("ZeRO-3", "530B", 1120, 2240, 2, 1, 1, 98),
+    ("ZeRO-3", "530B", 2240, 2240, 1, 1, 1, 48),
+    ("PTD-P", "175B", 384, 1536, 1, 8, 12, 153),
+    ("PTD-P", "175B", 768, 1536, 1, 8, 12, 149),
+    ("PTD-P", "175B", 1536, 1536, 1, 8, 12, 141),
+    ("PTD-P", "530B", 560, 2240, 1, 8, 35, 171),
+    ("PTD-P", "530B", 1120, 2240, 1, 8, 35, 167),
+    ("PTD-P", "530B", 2240, 2240, 1, 8, 35, 159),
+)
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Row:
+    table: str
+    label: str
+    unit: str
+    predicted: float
+    published: float
+
+    @property
+    def error(self) -> float:
+        return self.predicted / self.published - 1
+
+
+def gpt(heads: int, hidden: int, layers: int):
+    """A GPT-3-style decoder (learned positions, 4h GELU MLP, LayerNorm, dropout 0.1), as in the papers."""
+    cfg = {"model_type": "gpt2", "n_embd": hidden, "n_layer": layers, "n_head": heads, "vocab_size": VOCAB,
+           "n_positions": SEQ, "attn_pdrop": 0.1}
+    return family_module("gpt2").read(cfg, name=f"gpt-{hidden}")
+
+
+def _estimate(*, engine: str, **kw):
+    """``dstk.estimate.estimate`` with the engine the run used (``engine=`` where the estimator has
+    it, else the Megatron embedding sharding it implies)."""
+    if "engine" in inspect.signature(estimate).parameters:
+        return estimate(engine=engine, **kw)
+    return estimate(tp_style="megatron" if engine == "megatron" else "autotp", **kw)
+
+
+def _cluster(gpus: int) -> Cluster:
+    return Cluster(num_nodes=max(1, gpus // 8), gpus_per_node=min(8, gpus), gpu=get_gpu("a100-80gb"),
+                   interconnect=get_interconnect("ib-hdr"))
+
+
+def korthikanti_rows() -> list[Row]:
+    out = []
+    for name, (heads, hidden, layers, pp, gpus, batch, micro) in KORTHIKANTI.items():
+        spec = gpt(heads, hidden, layers)
+        training = Training(seq_len=SEQ, global_batch=batch, precision="fp16", attention="eager")
+        for (label, recompute, sp), measured in zip((("full", "full", False), ("selective + SP", "selective", True)),
+                                                    KORTHIKANTI_SECONDS[name]):
+            layout = Layout(dp=1, tp=8, pp=pp, micro_batch=micro, grad_accum=batch // micro, recompute=recompute,
+                            sequence_parallel=sp)
+            t = _estimate(engine="megatron", model=spec, layout=layout, training=training, cluster=_cluster(gpus)).time
+            out.append(Row(table="Korthikanti 2022 Table 5", label=f"{name} {label}", unit="s/iter",
+                           predicted=t.step_seconds, published=measured))
+    return out
+
+
+# (recompute, sequence parallel): (forward ms, backward ms), Korthikanti Table 4, 22B
+KORTHIKANTI_LAYER_MS = {("none", False): (7.7, 11.9), ("none", True): (7.2, 11.8), ("full", False): (7.7, 19.5),
+                        ("selective", False): (7.7, 13.2), ("selective", True): (7.2, 13.1)}
+
+
+def korthikanti_layer_rows() -> list[Row]:
+    from dstk.estimate import _model_facts
+    from dstk.estimate.steptime import layer_pass_seconds
+
+    heads, hidden, layers, _, gpus, batch, micro = KORTHIKANTI["22B"]
+    facts = _model_facts(gpt(heads, hidden, layers))
+    training = Training(seq_len=SEQ, global_batch=batch, precision="fp16", attention="eager")
+    out = []
+    for (recompute, sp), (fwd_ms, bwd_ms) in KORTHIKANTI_LAYER_MS.items():
+        layout = Layout(tp=8, micro_batch=micro, recompute=recompute, sequence_parallel=sp)
+        p = layer_pass_seconds(facts=facts, layout=layout, training=training, cluster=_cluster(gpus),
+                               tp_style="megatron")
+        label = f"{recompute}{' + SP' if sp else ''}"
+        out.append(Row(table="Korthikanti 2022 Table 4 (one 22B layer)", label=f"{label} forward", unit="ms",
+                       predicted=1e3 * (p.forward + p.tp_forward), published=fwd_ms))
+        out.append(Row(table="Korthikanti 2022 Table 4 (one 22B layer)", label=f"{label} backward", unit="ms",
+                       predicted=1e3 * (p.backward + p.tp_backward), published=bwd_ms))
+    return out
+
+
+def eq3_flops(*, batch: int, layers: int, hidden: int) -> float:
+    """Narayanan et al. 2021 Eq. 3: FLOPs per iteration with full recompute."""
+    return 96.0 * batch * SEQ * layers * hidden**2 * (1 + SEQ / (6 * hidden) + VOCAB / (16 * layers * hidden))
+
+
+def narayanan_rows() -> list[Row]:
+    out = []
+    for scheme, name, gpus, batch, micro, tp, pp, published in NARAYANAN:
+        heads, hidden, layers = NARAYANAN_MODELS[name]
+        dp = gpus // (tp * pp)
+        layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=micro, grad_accum=batch // (micro * dp), recompute="full",
+                        zero_stage=3 if scheme == "ZeRO-3" else 0)
+        training = Training(seq_len=SEQ, global_batch=batch, precision="fp16", attention="eager")
+        t = _estimate(engine="megatron" if scheme == "PTD-P" else "deepspeed", model=gpt(heads, hidden, layers),
+                      layout=layout, training=training, cluster=_cluster(gpus)).time
+        tflops = eq3_flops(batch=batch, layers=layers, hidden=hidden) / t.step_seconds / gpus / 1e12
+        out.append(Row(table="Narayanan 2021 Table 2", label=f"{scheme} {name} {gpus} GPUs", unit="TFLOP/s",
+                       predicted=tflops, published=published))
+    return out
+
+
+def summary(rows: list[Row]) -> tuple[float, float]:
+    """(mean, worst) absolute error."""
+    errors = [abs(r.error) for r in rows]
+    return sum(errors) / len(errors), max(errors)
+
+
+def main() -> None:
+    for rows in (korthikanti_rows(), narayanan_rows(), korthikanti_layer_rows()):
+        print(f"{rows[0].table}")
+        print(f"  {'row':<28} {'predicted':>10} {'published':>10} {'error':>7}")
+        for r in rows:
+            print(f"  {r.label:<28} {r.predicted:>10.2f} {r.published:>10.2f} {r.error:>+7.1%}  {r.unit}")
+        mean, worst = summary(rows)
+        print(f"  mean absolute error {mean:.1%}, worst {worst:.1%}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,378 @@
+"""A hardware profile from measurements: what ``dstk doctor --calibrate`` writes.
+
+Pure functions, no torch: the rank script ``dstk.launch.measure`` measures, this module turns its
+figures into a ``gpus:`` entry of the ``--hardware FILE`` format (``dstk.hardware.load_catalog``)
+that ``plan``/``estimate``/``generate`` read, and says which field was measured and which came
+from the catalog. The entry keeps the base slug (an intent naming ``gpu: cpu`` picks it up) and
+says ``base: SLUG``, so every field not written stays the catalog's.
+
+How each measurement becomes a field (training is synchronous: every figure is the slowest
+rank's, as ``dstk.launch.allreduce`` reports the slowest rank's time):
+
+- ``gemm_efficiency``: achieved FLOP/s of ``(m x d) @ (d x d)`` over the dense peak, keyed by
+  ``d`` = min(m, n, k) (``GPU.gemm_fraction``). The peak is the catalog's datasheet figure on a
+  GPU; a CPU rank has no datasheet peak, so its peak (``bf16_tflops`` etc. for the precision
+  measured) is the best GEMM of the sweep and the curve is relative to it. A GPU GEMM above the
+  catalog peak means the catalog entry is not this device: the peak is raised to the measured
+  figure and the report says so.
+- ``hbm_gbps``: copy bandwidth, 2 bytes moved per byte copied (STREAM "Copy", McCalpin).
+- ``intra_node_efficiency``: all-reduce bus bandwidth (nccl-tests' ``busbw = algbw * 2(n-1)/n``,
+  NVIDIA/nccl-tests doc/PERFORMANCE.md) at the largest size, over the catalog's link bandwidth;
+  where the bus bandwidth exceeds the catalog link (a CPU's shared memory has no datasheet
+  figure), the link becomes the measured bus bandwidth at efficiency 1.
+- Not measured, kept from the catalog: memory, ``achievable_fraction`` (the fallback for GEMMs
+  when there is no curve), host link, overhead. The operator floor (one small operator's time)
+  is reported but is not a catalog field. ``step_overhead_seconds``: a 1-layer step minus the layer
+  floor (the fixed cost of a step: embedding, head, loss, the engine).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Literal
+
+from dstk.hardware import GB, TFLOP, GPU
+
+Source = Literal["measured", "catalog"]
+_PEAK_KEY = {"bf16": ("bf16_tflops", "bf16_flops"), "fp16": ("fp16_tflops", "fp16_flops"),
+             "fp32": ("fp32_tflops", "fp32_flops")}
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class GemmPoint:
+    """One GEMM of the sweep: ``(m x k) @ (k x n)``, its slowest rank's FLOP/s."""
+
+    m: int
+    n: int
+    k: int
+    flops_per_s: float
+
+    @property
+    def dim(self) -> int:
+        return min(self.m, self.n, self.k)
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class BusPoint:
+    """One all-reduce size: nccl-tests' bus bandwidth (slowest rank's time)."""
+
+    size_bytes: int
+    busbw_bytes_per_s: float
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Measurements:
+    """What the ranks measured (``dstk.launch.measure`` and ``dstk.launch.allreduce``)."""
+
+    precision: str
+    """The compute precision of the GEMM sweep: ``bf16``, ``fp16`` or ``fp32``."""
+    num_ranks: int
+    device: str
+    """``cpu`` or ``cuda``."""
+    backend: str
+    gemm: tuple[GemmPoint, ...]
+    memory_bytes_per_s: float | None = None
+    op_seconds: float | None = None
+    """One small elementwise operator's time (dispatch + launch), slowest rank."""
+    allreduce: tuple[BusPoint, ...] = ()
+    device_name: str | None = None
+    layer_overhead_seconds: float | None = None
+    """What one more (negligibly small) transformer layer adds to a training step, slowest rank."""
+    step_fixed_seconds: float | None = None
+    """A 1-layer step minus the layer floor: embedding, head, loss and the engine's fixed work."""
+
+    def __post_init__(self) -> None:
+        if self.precision not in _PEAK_KEY:
+            raise ValueError(f"precision: expected bf16, fp16 or fp32, got {self.precision!r}")
+        if not self.gemm or any(not p.flops_per_s > 0 for p in self.gemm):
+            raise ValueError(f"gemm: expected measured points with positive FLOP/s, got {self.gemm!r}")
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Figure:
+    """One field of the profile and where it came from."""
+
+    key: str
+    """The key in the hardware file (``hbm_gbps``), or the ``GPU`` field name for catalog ones."""
+    value: object
+    source: Source
+    note: str
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Profile:
+    slug: str
+    base: str
+    gpu: GPU
+    """The entry as ``load_catalog`` will read it back."""
+    figures: tuple[Figure, ...]
+    """The measured fields (written) and the catalog fields (kept), in report order."""
+    warnings: tuple[str, ...] = ()
+    measurements: Measurements | None = None
+
+
+def _sig(x: float, digits: int = 4) -> float:
+    return float(f"{x:.{digits}g}")
+
+
+def from_rank_reports(*, measure: dict, allreduce: list[dict]) -> Measurements:
+    """``Measurements`` from the ``DSTK_MEASURE`` line (every rank's figures) and the
+    ``DSTK_ALLREDUCE`` lines: per figure, the slowest rank."""
+    ranks = [r for r in measure["ranks"] if r is not None]
+    if not ranks:
+        raise ValueError("the measurement holds no rank")
+    points = []
+    for i, first in enumerate(ranks[0]["gemm"]):
+        slowest = min(r["gemm"][i]["flops_per_s"] for r in ranks)
+        points.append(GemmPoint(m=first["m"], n=first["n"], k=first["k"], flops_per_s=slowest))
+    bus = tuple(BusPoint(size_bytes=r["size_bytes"], busbw_bytes_per_s=r["busbw_bytes_per_s"])
+                for r in sorted(allreduce, key=lambda r: r["size_bytes"]) if r.get("correct", True))
+    floors = [r["layer_overhead_seconds"] for r in ranks if r.get("layer_overhead_seconds") is not None]
+    floor = max(floors) if floors else None
+    fixed = None
+    if floor is not None:
+        fixed = max(0.0, max(r["layer_steps"]["1"] for r in ranks if r.get("layer_steps")) - floor)
+    return Measurements(precision=measure["precision"], num_ranks=measure["world_size"], device=ranks[0]["device"],
+                        backend=measure["backend"], gemm=tuple(points),
+                        memory_bytes_per_s=min(r["memory_bytes_per_s"] for r in ranks),
+                        op_seconds=max(r["op_seconds"] for r in ranks), allreduce=bus,
+                        device_name=ranks[0].get("device_name"), layer_overhead_seconds=floor,
+                        step_fixed_seconds=fixed)
+
+
+def build_profile(*, base: GPU, measured: Measurements, name: str | None = None) -> Profile:
+    """The calibrated entry for ``base`` (module docstring: how each figure is derived)."""
+    figures: list[Figure] = []
+    warnings: list[str] = []
+    changes: dict = {}
+    key, field = _PEAK_KEY[measured.precision]
+    best = max(measured.gemm, key=lambda p: p.flops_per_s)
+    catalog_peak = getattr(base, field)
+    if base.is_cpu or catalog_peak is None:
+        peak = best.flops_per_s
+        figures.append(Figure(key=key, value=_sig(peak / TFLOP), source="measured",
+                              note=f"{measured.precision} peak: the best GEMM of the sweep ({best.m} x {best.n} x "
+                                   f"{best.k}), slowest rank (a CPU has no datasheet peak)"))
+    elif best.flops_per_s > catalog_peak:
+        peak = best.flops_per_s
+        warnings.append(f"a {best.m} x {best.n} x {best.k} GEMM ran at {best.flops_per_s / TFLOP:.1f} TFLOP/s, above "
+                        f"the catalog's {measured.precision} peak of {base.slug} ({catalog_peak / TFLOP:.1f}): "
+                        f"is --gpu {base.slug} this device? The peak is raised to the measured figure")
+        figures.append(Figure(key=key, value=_sig(peak / TFLOP), source="measured",
+                              note=f"{measured.precision} peak raised to the best GEMM measured "
+                                   f"(catalog: {catalog_peak / TFLOP:g} TFLOP/s)"))
+    else:
+        peak = catalog_peak
+    changes[field] = peak
+    curve: dict[int, float] = {}
+    for p in measured.gemm:
+        curve[p.dim] = min(curve.get(p.dim, 1.0), min(1.0, _sig(p.flops_per_s / peak, 3)))
+    points = tuple((float(d), f) for d, f in sorted(curve.items()))
+    changes["gemm_efficiency"] = points
+    m_note = ", ".join(str(m) for m in sorted({p.m for p in measured.gemm}))
+    figures.append(Figure(key="gemm_efficiency", value=[[int(d), f] for d, f in points], source="measured",
+                          note=f"share of the {measured.precision} peak ({peak / TFLOP:.4g} TFLOP/s"
+                               f"{', catalog' if peak == catalog_peak and not base.is_cpu else ''}) per GEMM "
+                               f"(m x d) @ (d x d), m = {m_note}, keyed by d; slowest of {measured.num_ranks} rank(s)"))
+    if measured.memory_bytes_per_s:
+        changes["hbm_bytes_per_s"] = measured.memory_bytes_per_s
+        figures.append(Figure(key="hbm_gbps", value=_sig(measured.memory_bytes_per_s / GB), source="measured",
+                              note="device memory bandwidth: a large copy, 2 bytes moved per byte copied, "
+                                   "slowest rank"))
+    if measured.layer_overhead_seconds is not None and "layer_overhead_seconds" in GPU.__dataclass_fields__:
+        changes["layer_overhead_seconds"] = _sig(measured.layer_overhead_seconds, 3)
+        figures.append(Figure(key="layer_overhead_seconds", value=changes["layer_overhead_seconds"],
+                              source="measured",
+                              note="what one more layer adds to a DeepSpeed step of a minimal Llama (hidden 32, 32 "
+                                   "tokens; 1 vs 5 layers) whatever its FLOPs: operator dispatch/launch, slowest rank"))
+    if measured.step_fixed_seconds is not None:
+        changes["step_overhead_seconds"] = _sig(measured.step_fixed_seconds, 3)
+        figures.append(Figure(key="step_overhead_seconds", value=changes["step_overhead_seconds"], source="measured",
+                              note="a 1-layer DeepSpeed step minus the layer floor: embedding, head, loss and the "
+                                   "engine's fixed work, slowest rank"))
+    if measured.allreduce and measured.num_ranks > 1:
+        top = max(measured.allreduce, key=lambda b: b.size_bytes)
+        link = base.intra_node_bytes_per_s
+        what = (f"all-reduce bus bandwidth {top.busbw_bytes_per_s / GB:.4g} GB/s at {top.size_bytes / 2**20:g} MiB "
+                f"over {measured.num_ranks} ranks ({measured.backend})")
+        if top.busbw_bytes_per_s <= link:
+            eff = max(1e-4, _sig(top.busbw_bytes_per_s / link, 3))
+            changes["intra_node_efficiency"] = eff
+            figures.append(Figure(key="intra_node_efficiency", value=eff, source="measured",
+                                  note=f"{what} over the catalog link of {link / GB:g} GB/s"))
+        else:
+            changes["intra_node_bytes_per_s"] = top.busbw_bytes_per_s
+            changes["intra_node_efficiency"] = 1.0
+            figures.append(Figure(key="intra_node_gbps", value=_sig(top.busbw_bytes_per_s / GB), source="measured",
+                                  note=f"{what}: above the catalog link ({link / GB:g} GB/s), so the link is the "
+                                       "measured bus bandwidth"))
+            figures.append(Figure(key="intra_node_efficiency", value=1.0, source="measured",
+                                  note="the link above is what the collective reached"))
+    else:
+        figures.append(Figure(key="intra_node_efficiency", value=base.intra_node_efficiency, source="catalog",
+                              note="one rank: no all-reduce to time"))
+    label = name or f"{base.name}, calibrated"
+    gpu = base.replace(name=label, **changes)
+    written = {f.key for f in figures}
+    for key_, value, note in (("memory_gib", gpu.memory_bytes / 2**30, "device memory"),
+                              ("achievable_fraction", gpu.achievable_fraction, "share of peak where no curve applies"),
+                              ("intra_node_gbps", gpu.intra_node_bytes_per_s / GB, "link to node peers"),
+                              ("host_gbps", gpu.host_bytes_per_s / GB, "host link (offload)"),
+                              ("overhead_gib", gpu.overhead_bytes / 2**30, "framework memory overhead")):
+        if key_ not in written:
+            figures.append(Figure(key=key_, value=_sig(value), source="catalog", note=note))
+    if "layer_overhead_seconds" not in written and "layer_overhead_seconds" in GPU.__dataclass_fields__:
+        figures.append(Figure(key="layer_overhead_seconds", value=gpu.layer_overhead_seconds, source="catalog",
+                              note="per-layer floor, not measured (transformers is not installed)"))
+    for p_name in ("bf16", "fp16", "fp32"):
+        if p_name != measured.precision:
+            k_, fld = _PEAK_KEY[p_name]
+            peak_ = getattr(gpu, fld)
+            figures.append(Figure(key=k_, value=None if peak_ is None else _sig(peak_ / TFLOP), source="catalog",
+                                  note=f"{p_name} peak, not measured (the sweep ran in {measured.precision})"))
+    return Profile(slug=base.slug, base=base.slug, gpu=gpu, figures=tuple(figures), warnings=tuple(warnings),
+                   measurements=measured)
+
+
+def render_yaml(profile: Profile, *, header: tuple[str, ...] = ()) -> str:
+    """The profile as a ``--hardware FILE``: the measured fields, each after a comment saying how
+    it was measured, and a list of the fields kept from the catalog (``base:``). Values are JSON
+    scalars and lists, which YAML reads as they are."""
+    lines = [f"# {h}" for h in header]
+    catalog = [f.key for f in profile.figures if f.source == "catalog"]
+    lines += [f"# measured: {', '.join(f.key for f in profile.figures if f.source == 'measured')}",
+              f"# from the catalog entry {profile.base!r} (base:, not written here): {', '.join(catalog)}",
+              "gpus:", f"  {profile.slug}:", f"    base: {profile.base}", f"    name: {json.dumps(profile.gpu.name)}"]
+    for f in profile.figures:
+        if f.source == "measured":
+            lines.append(f"    # {f.note}")
+            lines.append(f"    {f.key}: {json.dumps(f.value)}")
+    m = profile.measurements
+    if m is not None:
+        if m.allreduce:
+            lines.append("# all-reduce bus bandwidth by size: " + ", ".join(
+                f"{b.size_bytes / 2**20:g} MiB {b.busbw_bytes_per_s / GB:.3g} GB/s" for b in m.allreduce))
+        lines.append("# GEMM FLOP/s by d: " + ", ".join(f"{p.dim} {p.flops_per_s / TFLOP:.3g} TFLOP/s" for p in m.gemm))
+        if m.op_seconds is not None:
+            lines.append(f"# one small operator: {m.op_seconds * 1e6:.2f} us (the floor of every operator's time; "
+                         "not a catalog field)")
+    for w in profile.warnings:
+        lines.append(f"# warning: {w}")
+    return "\n".join(lines) + "\n"
+
+
+def render_json(profile: Profile) -> str:
+    """The profile as a JSON ``--hardware FILE`` (no comments: ``render_report`` says the sources)."""
+    entry = {"base": profile.base, "name": profile.gpu.name}
+    entry.update({f.key: f.value for f in profile.figures if f.source == "measured"})
+    return json.dumps({"gpus": {profile.slug: entry}}, indent=2) + "\n"
+
+
+def to_dict(profile: Profile) -> dict:
+    """For ``--format json``: every figure with its source, and the raw measurements."""
+    return {"slug": profile.slug, "base": profile.base, "name": profile.gpu.name,
+            "figures": [dataclasses.asdict(f) for f in profile.figures], "warnings": list(profile.warnings),
+            "measurements": None if profile.measurements is None else dataclasses.asdict(profile.measurements)}
+
+
+def render_report(profile: Profile, *, path: str | None) -> str:
+    """For people: every field, its value and its source."""
+    out = [f"calibrated {profile.slug!r} (base: catalog {profile.base!r})" + (f" -> {path}" if path else "")]
+    for f in profile.figures:
+        value = f.value
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        elif isinstance(value, list):
+            value = " ".join(f"{int(d)}:{x:.3g}" for d, x in value)
+        out.append(f"  {f.source:<8} {f.key:<22} {value}  ({f.note})")
+    m = profile.measurements
+    if m is not None and m.op_seconds is not None:
+        out.append(f"  measured one small operator: {m.op_seconds * 1e6:.2f} us (informational)")
+    out += [f"  warning: {w}" for w in profile.warnings]
+    return "\n".join(out)
+
+
+# Substrings of torch.cuda.get_device_name() -> catalog slug, most specific first.
+_DEVICE_NAMES = (("h200", "h200"), ("h100 pcie", "h100-pcie"), ("h100", "h100-sxm"), ("b200", "b200"),
+                 ("a100-sxm4-40gb", "a100-40gb"), ("a100-pcie-40gb", "a100-40gb"), ("a100", "a100-80gb"),
+                 ("l40s", "l40s"), ("a10", "a10"), ("v100", "v100-32gb"), ("mi300x", "mi300x"), ("mi250x", "mi250x"))
+
+
+def guess_gpu_slug(device_name: str | None, *, cpu: bool) -> str | None:
+    """The catalog entry for a device torch names (``NVIDIA H200`` -> ``h200``); ``cpu`` for CPU
+    ranks; None when the name matches no entry (then ``--gpu SLUG`` says which)."""
+    if cpu:
+        return "cpu"
+    name = (device_name or "").lower()
+    for needle, slug in _DEVICE_NAMES:
+        if needle in name and not (needle == "a10" and "a100" in name):
+            return slug
+    return None
+
+
+HEADER = "dstk hardware profile"
+"""The first comment of a YAML profile: marks a file this command may overwrite."""
+
+
+def written_by_calibrate(path: str) -> bool:
+    """Whether ``path`` holds a profile ``doctor --calibrate`` wrote (so overwriting it loses
+    nothing a person wrote): a YAML file that starts with ``# dstk hardware profile``, or a JSON
+    file holding one ``gpus`` entry named ``..., calibrated``."""
+    try:
+        text = open(path, encoding="utf-8").read()
+    except (OSError, UnicodeDecodeError):
+        return False
+    if not path.endswith(".json"):
+        return text.startswith(f"# {HEADER}")
+    try:
+        data = json.loads(text)
+        (entry,) = data["gpus"].values()
+        return set(data) == {"gpus"} and str(entry.get("name", "")).endswith(", calibrated")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def check_output_path(path: str, *, force: bool = False) -> None:
+    """Refuse, before a minute of measuring, an output the profile cannot be written to, or a
+    file someone else wrote (a hand-written hardware file) unless ``force``."""
+    import os
+
+    from dstk.errors import DstkError
+
+    if os.path.isdir(path):
+        raise DstkError(f"{path}: is a directory", hint="give a file name, e.g. --output hardware.yaml")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise DstkError(f"{path}: directory {parent} does not exist", hint=f"create it (mkdir -p {parent}) or "
+                        "give another --output")
+    if not os.access(parent, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise DstkError(f"{path}: not writable", hint="give a path you can write, e.g. --output ./hardware.yaml")
+    if not path.endswith((".yaml", ".yml", ".json")):
+        raise DstkError(f"{path}: the hardware file must end in .yaml, .yml or .json (load_catalog reads it by "
+                        "its suffix)", hint="e.g. --output hardware.yaml")
+    if os.path.exists(path) and not force and not written_by_calibrate(path):
+        raise DstkError(f"{path}: exists and is not a profile doctor --calibrate wrote",
+                        hint="give another --output (then copy the entry you want into it), or --force to replace it")
+
+
+def write_profile(path: str, text: str) -> None:
+    """Write through a temporary file in the same directory and rename it: never a half-written
+    profile. An OS error becomes a ``DstkError``."""
+    import os
+    import tempfile
+
+    from dstk.errors import DstkError
+
+    parent = os.path.dirname(os.path.abspath(path))
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
+        raise DstkError(f"{path}: cannot write the profile: {exc.strerror or exc}",
+                        hint="give a writable --output path") from None

@@ -1,0 +1,206 @@
+"""``dstk upgrade``: rewrite a DeepSpeed config's removed and renamed keys for the release dstk checks against."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+from dstk.errors import DstkError, UsageError
+
+HELP = "rewrite removed and renamed DeepSpeed config keys; show the diff, write with --write"
+DESCRIPTION = (
+    "Rewrite what DeepSpeed 0.19.8 removed or renamed (the tables `dstk validate` uses: DS105 removed keys, DS106 "
+    "legacy forms): removed top-level and ZeRO keys are deleted, `bfloat16` becomes `bf16`, `zero_optimization: "
+    "true` becomes a stage, `cpu_offload`/`cpu_offload_param` become offload blocks, "
+    "`stage3_gather_fp16_weights_on_model_save` becomes `stage3_gather_16bit_weights_on_model_save`. Prints a "
+    "unified diff; --write replaces the file atomically and keeps a backup. Exit 0, 1 when the result still "
+    "has validation errors, 2 on usage errors."
+)
+TARGETS = ("0.19.8",)
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Change:
+    """One rewrite: the JSON pointer it touched, what was done and why."""
+
+    pointer: str
+    action: str
+    """removed, renamed or rewritten."""
+    why: str
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", metavar="CONFIG", help="a DeepSpeed JSON config")
+    parser.add_argument("--deepspeed-version", default=TARGETS[-1], metavar="X",
+                        help=f"target release (supported: {', '.join(TARGETS)})")
+    parser.add_argument("--write", action="store_true", help="replace the file (atomically; CONFIG.bak keeps the old)")
+    parser.add_argument("--format", choices=["human", "json"], default="human")
+
+
+def _rename(node: dict, old: str, new: str, value) -> dict:
+    """``node`` with ``old`` replaced by ``new`` (value ``value``) at the same position."""
+    return {(new if k == old else k): (value if k == old else v) for k, v in node.items()}
+
+
+def upgrade_config(config: dict) -> tuple[dict, list[Change]]:
+    """The config rewritten for DeepSpeed 0.19.8, and one ``Change`` per rewrite.
+
+    Removed keys: ``deepspeed/runtime/config.py`` ``_REMOVED_TOP_LEVEL_CONFIG_KEYS`` and the ZeRO keys
+    ``DeepSpeedZeroConfig`` no longer has (``dstk.validate.rules.REMOVED_TOP_LEVEL`` / ``REMOVED_ZERO``).
+    Renames: the ``deprecated`` fields of ``deepspeed/runtime/zero/config.py`` with their ``new_param``
+    (``cpu_offload`` -> ``offload_optimizer: {device: cpu}``, ``cpu_offload_param`` -> ``offload_param``,
+    ``cpu_offload_use_pin_memory`` -> ``pin_memory`` of those blocks, ``stage3_gather_fp16_weights_on_model_save``
+    -> ``stage3_gather_16bit_weights_on_model_save``), ``bfloat16`` -> ``bf16`` (``runtime/config.py`` reads
+    ``bfloat16`` only when ``bf16`` is absent) and the boolean ``zero_optimization`` (stage 0 or 1)."""
+    from dstk.validate.rules import REMOVED_TOP_LEVEL, REMOVED_ZERO
+
+    changes: list[Change] = []
+    out = dict(config)
+    for key, why in REMOVED_TOP_LEVEL.items():
+        if key in out:
+            del out[key]
+            changes.append(Change(pointer=f"/{key}", action="removed", why=why))
+    if "bfloat16" in out:
+        if "bf16" in out:
+            del out["bfloat16"]
+            changes.append(Change(pointer="/bfloat16", action="removed",
+                                  why="'bf16' is set too, and DeepSpeed reads 'bf16' and ignores 'bfloat16'"))
+        else:
+            out = _rename(out, "bfloat16", "bf16", out["bfloat16"])
+            changes.append(Change(pointer="/bfloat16", action="renamed", why="'bfloat16' is the legacy name of 'bf16'"))
+    zero = out.get("zero_optimization")
+    if isinstance(zero, bool):
+        out["zero_optimization"] = {"stage": int(zero)}
+        changes.append(Change(pointer="/zero_optimization", action="rewritten",
+                              why=f"the boolean form means stage {int(zero)}"))
+    elif isinstance(zero, dict):
+        zero = dict(zero)
+        for key, why in REMOVED_ZERO.items():
+            if key in zero:
+                del zero[key]
+                changes.append(Change(pointer=f"/zero_optimization/{key}", action="removed", why=why))
+        pin = zero.get("cpu_offload_use_pin_memory")
+        for old, new in (("cpu_offload", "offload_optimizer"), ("cpu_offload_param", "offload_param")):
+            if old not in zero:
+                continue
+            pointer = f"/zero_optimization/{old}"
+            if zero[old] is True and new not in zero:
+                block = {"device": "cpu"} if pin is None else {"device": "cpu", "pin_memory": bool(pin)}
+                zero = _rename(zero, old, new, block)
+                changes.append(Change(pointer=pointer, action="renamed",
+                                      why=f"'{old}: true' is the deprecated form of '{new}: {{\"device\": \"cpu\"}}'"))
+            else:
+                del zero[old]
+                changes.append(Change(pointer=pointer, action="removed",
+                                      why=f"'{new}' is set" if new in zero else f"'{old}: false' is the default"))
+        if "cpu_offload_use_pin_memory" in zero:
+            del zero["cpu_offload_use_pin_memory"]
+            changes.append(Change(pointer="/zero_optimization/cpu_offload_use_pin_memory", action="removed",
+                                  why="deprecated: pin_memory now lives in the offload blocks"))
+        old, new = "stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"
+        if old in zero:
+            if new in zero or "gather_16bit_weights_on_model_save" in zero:
+                del zero[old]
+                changes.append(Change(pointer=f"/zero_optimization/{old}", action="removed", why=f"'{new}' is set"))
+            else:
+                zero = _rename(zero, old, new, zero[old])
+                changes.append(Change(pointer=f"/zero_optimization/{old}", action="renamed",
+                                      why=f"deprecated name of '{new}'"))
+        out["zero_optimization"] = zero
+    return out, changes
+
+
+def _indent(text: str) -> int:
+    for line in text.splitlines()[1:]:
+        stripped = line.lstrip(" ")
+        if stripped and len(stripped) < len(line):
+            return len(line) - len(stripped)
+    return 2
+
+
+def _backup_path(path: str) -> str:
+    candidate, n = f"{path}.bak", 1
+    while os.path.exists(candidate):
+        candidate, n = f"{path}.bak.{n}", n + 1
+    return candidate
+
+
+def _write(path: str, text: str) -> str:
+    import shutil
+    import tempfile
+
+    backup = _backup_path(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        shutil.copy2(path, backup)
+        fd, tmp = tempfile.mkstemp(prefix=".dstk-upgrade-", dir=directory)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        shutil.copymode(path, tmp)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}", hint="check the directory is writable") from None
+    return backup
+
+
+def run(args: argparse.Namespace) -> int:
+    import difflib
+
+    from dstk.validate import validate_config
+
+    if args.deepspeed_version not in TARGETS:
+        raise UsageError(f"--deepspeed-version {args.deepspeed_version}: dstk has the key tables of "
+                         f"{', '.join(TARGETS)} only", hint=f"use --deepspeed-version {TARGETS[-1]}")
+    path = args.config
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}", hint="check the path") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise DstkError(f"not strict JSON ({exc.msg} at line {exc.lineno}); upgrade rewrites JSON only, and would "
+                        "lose hjson comments", location=f"{path}:{exc.lineno}:{exc.colno}",
+                        hint="fix the JSON (`dstk validate` locates the problem), or edit the keys by hand") from None
+    if not isinstance(config, dict):
+        raise DstkError("the top level is not a JSON object", location=path, hint="a DeepSpeed config is one object")
+    new, changes = upgrade_config(config)
+    new_text = text if not changes else json.dumps(new, indent=_indent(text)) + "\n"
+    diff = "".join(difflib.unified_diff(text.splitlines(keepends=True), new_text.splitlines(keepends=True),
+                                        fromfile=path, tofile=f"{path} (DeepSpeed {args.deepspeed_version})"))
+    remaining = [f for f in validate_config(new, hf=any(v == "auto" for v in _leaves(new)))
+                 if f.severity == "error"]
+    backup = _write(path, new_text) if args.write and changes else None
+    if args.format == "json":
+        print(json.dumps({"config": path, "changes": [dataclasses.asdict(c) for c in changes], "diff": diff,
+                          "written": backup is not None, "backup": backup,
+                          "errors_left": [f"{f.pointer}: {f.message}" for f in remaining]}, indent=2))
+    else:
+        if diff:
+            sys.stdout.write(diff)
+        for c in changes:
+            print(f"{c.action} {c.pointer}: {c.why}", file=sys.stderr)
+        if not changes:
+            print(f"{path}: nothing to upgrade for DeepSpeed {args.deepspeed_version}", file=sys.stderr)
+        elif backup:
+            print(f"wrote {path} (the old file is {backup})", file=sys.stderr)
+        else:
+            print(f"{len(changes)} change(s); rerun with --write to apply them", file=sys.stderr)
+        for f in remaining:
+            print(f"still an error after the upgrade: {f.pointer or '/'}: {f.message}", file=sys.stderr)
+    return 1 if remaining else 0
+
+
+def _leaves(node):
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _leaves(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _leaves(value)
+    else:
+        yield node

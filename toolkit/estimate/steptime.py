@@ -1,0 +1,324 @@
+"""Step time of one layout: per-operator compute, communication and what overlaps, the bubble.
+
+``step_time`` prices one micro-batch on the slowest pipeline stage operator by operator, then the
+step around it:
+
+- **matrix multiplies** at the share of peak the GPU reaches for their shape (``GPU.gemm_fraction``
+  of the GEMM's smallest dimension: the curve in the hardware catalog); the backward pass runs two
+  GEMMs of the same three dimensions per forward GEMM (input and weight gradients);
+- **memory-bound operators** (norms, activation, residual/dropout, rotary, softmax, the loss and
+  the optimizer step) at the sustained HBM bandwidth (``timing.memory_seconds``);
+- **attention** by its kernel: eager (and SDPA's math path on CPU ranks) runs ``QK^T`` and ``AV``
+  as batched GEMMs of inner dimension ``head_dim`` and materialises the scores; FlashAttention
+  (``flash``, and ``sdpa`` on a GPU, which dispatches to it) skips the masked half of a causal
+  score matrix, never writes it, and recomputes it in backward (Dao 2023 §3.1: backward = 2.5x the
+  forward's FLOPs) at 75% of the GEMM rate (FlashAttention-2 reaches 50-73% of peak on A100,
+  Dao 2023 abstract, where dense GEMMs of that size reach ~80%);
+- **recompute** as the forward it repeats: full = the whole layer's forward (and its TP
+  collectives), selective = the attention scores (Korthikanti et al. 2022 §5; nothing under flash,
+  which recomputes them itself);
+- **gradients**: each micro-batch's backward lands the weight gradients where the optimizer reads
+  them (``timing.grad_accumulation_bytes_per_param``), and the step ends with the optimizer's
+  kernels (``timing.optimizer_step_bytes_per_param``), both at HBM bandwidth;
+- a **dispatch floor** per layer (``GPU.layer_overhead_seconds``): what a tiny model on a CPU rank
+  spends its time on, and a fixed cost per step (``GPU.step_overhead_seconds``: embedding, head,
+  loss and the engine's bookkeeping, measured by ``dstk doctor --calibrate``);
+- **TP** all-reduces (reduce-scatter + all-gather under sequence parallelism, the same volume)
+  on the critical path, as Megatron-LM and DeepSpeed AutoTP issue them;
+- **PP** point-to-point per micro-batch and boundary (x v interleaved) and the bubble
+  ``(p - 1)/(m v)`` of the stage time (Narayanan et al. 2021 §2.2);
+- **DP**: see ``_dp_exposed_seconds`` and ``zero3_step_seconds``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from dstk.estimate import memory as mem
+from dstk.estimate import timing as tm
+
+FLASH_FRACTION = 0.75
+"""FlashAttention's rate relative to a dense GEMM of the same size (FlashAttention-2, Dao 2023:
+50-73% of A100's peak, where cuBLAS reaches ~80-86%, Bekman's MAMF table)."""
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class LayerSeconds:
+    """One transformer layer, one micro-batch, one GPU: forward seconds by kind, and what backward
+    and recompute add."""
+
+    gemm: float
+    """The four projections (QKV, output, MLP in, MLP out), forward."""
+    attention: float
+    """Score GEMMs (eager) or the fused kernel (flash), forward."""
+    scores_memory: float
+    """Softmax/dropout over the materialised scores (eager only), forward."""
+    elementwise: float
+    """Norms, residuals, activation, rotary, forward."""
+    flash: bool = False
+    """The attention kernel is FlashAttention: its backward recomputes the scores (2.5x the
+    forward's FLOPs, Dao 2023 §3.1), and there is nothing for selective recompute to repeat."""
+
+    @property
+    def forward(self) -> float:
+        return self.gemm + self.attention + self.scores_memory + self.elementwise
+
+    @property
+    def backward(self) -> float:
+        return 2.0 * (self.gemm + self.scores_memory + self.elementwise) + (2.5 if self.flash else 2.0) * self.attention
+
+    def recompute(self, mode: str) -> float:
+        if mode == "full":
+            return self.forward
+        if mode == "selective" and not self.flash:
+            return self.attention + self.scores_memory
+        return 0.0
+
+
+def uses_flash(*, attention: str, gpu) -> bool:
+    """Whether the attention kernel is FlashAttention: ``flash``, or ``sdpa`` on a GPU (PyTorch's
+    SDPA picks FlashAttention-2 for 16-bit inputs on sm80+); CPU ranks run SDPA's math path."""
+    return not gpu.is_cpu and (attention == "flash" or attention == "sdpa")
+
+
+def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_bytes: int, attention: str, gpu,
+                  peak_flops: float) -> LayerSeconds:
+    """``LayerSeconds`` of one layer of ``facts`` (``dstk.estimate._Facts``) for ``tokens`` tokens
+    of ``seq_len``-long sequences on one GPU of a TP group of ``tp`` (``sp = tp`` with sequence
+    parallelism). GEMM shapes per GPU, ``T`` tokens, widths ``q, kv, f`` (Shoeybi et al. 2019 §3):
+    QKV ``T x h x (q + 2kv)/t``, output ``T x q/t x h``, MLP in ``T x h x u/t`` (``u = 2f`` gated),
+    MLP out ``T x f/t x h``; ``2 N T`` FLOPs in all."""
+    shape = facts.shape
+    w = act_bytes
+    if shape is None:  # a bare parameter count: its FLOPs at the GPU's plain achievable share
+        flops = 2.0 * facts.layer_matmul_active * tokens / tp
+        return LayerSeconds(gemm=flops / (peak_flops * gpu.achievable_fraction), attention=0.0, scores_memory=0.0,
+                            elementwise=0.0)
+    h, q, kv, f = facts.hidden, shape.q_width, shape.kv_width, shape.ffn
+    up = max(float(f), facts.layer_matmul_active / h - (q + 2 * kv) - q - f)
+    gated = up > 1.5 * f
+    gemm = 0.0
+    for m, k, n in ((tokens, h, (q + 2 * kv) / tp), (tokens, q / tp, h), (tokens, h, up / tp), (tokens, f / tp, h)):
+        gemm += tm.gemm_seconds(m=m, n=n, k=k, peak_flops=peak_flops, fraction=gpu.gemm_fraction(min(m, n, k)))
+    score_flops = 4.0 * tokens * seq_len * q / tp
+    scores = tokens * seq_len * (shape.heads / tp)
+    if uses_flash(attention=attention, gpu=gpu):
+        attn = 0.5 * score_flops / (peak_flops * FLASH_FRACTION * gpu.gemm_fraction(seq_len))
+        scores_memory = 0.0
+    else:
+        attn = score_flops / (peak_flops * gpu.gemm_fraction(facts.head_dim))
+        per_score = tm.softmax_bytes_per_score(act_bytes=w, dropout=shape.dropout) + (8 if shape.softmax_fp32 else 0)
+        scores_memory = tm.memory_seconds(nbytes=scores * per_score, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
+    per_token = tm.elementwise_bytes_per_token(hidden=h, q_width=q / tp, kv_width=kv / tp, ffn=f / tp, act_bytes=w,
+                                               sp=sp, gated=gated, rotary=facts.rotary, dropout=shape.dropout)
+    elementwise = tm.memory_seconds(nbytes=per_token * tokens, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
+    return LayerSeconds(gemm=gemm, attention=attn, scores_memory=scores_memory, elementwise=elementwise,
+                        flash=uses_flash(attention=attention, gpu=gpu))
+
+
+def head_seconds(*, facts, tokens: int, tp: int, act_bytes: int, gpu, peak_flops: float) -> float:
+    """The last stage's lm_head (``T x h x V/t``, forward + 2 backward GEMMs) and the
+    cross-entropy over ``T x V/t`` logits (read, fp32 softmax written and read back, gradient
+    written: ``3(w + 8)`` bytes per logit over forward and backward)."""
+    if not facts.vocab:
+        return 0.0
+    v = facts.vocab / tp
+    m, n, k = tokens, v, facts.hidden
+    gemm = tm.gemm_seconds(m=m, n=n, k=k, peak_flops=peak_flops, fraction=gpu.gemm_fraction(min(m, n, k)), count=3)
+    loss = tm.memory_seconds(nbytes=3.0 * (act_bytes + 8) * tokens * v, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
+    return gemm + loss
+
+
+def zero3_step_seconds(*, forward_seconds: float, backward_seconds: float, gather_seconds: float,
+                       reduce_scatter_seconds: float, backward_gathers: int) -> float:
+    """One micro-batch under ZeRO-3: compute and the parameter traffic of the DP group.
+
+    DeepSpeed gathers each module's parameters before its forward and again in backward (twice
+    under full recompute: once for the recompute forward, once for the backward, the layer having
+    been released in between), and reduce-scatters the gradients (ZeRO §7: 3 Psi per micro-batch,
+    4 Psi with full recompute). The overlap model: the forward gathers are prefetched behind the
+    forward compute (the larger of the two counts); the gradient reduce-scatter runs on its own
+    stream behind the backward compute (``overlap_comm``, the larger of the two); the
+    ``backward_gathers`` are exposed: the module that needs them is the next to run, so backward
+    waits for each. This is the model that reproduces Narayanan et al. 2021 Table 2, whose ZeRO-3
+    runs were communication bound: 88 and 44 TFLOP/s at 768 and 1536 GPUs are the same seconds per
+    step (benchmarks/estimate_published.py; the fully overlapped model predicts +22% at 384 GPUs,
+    the fully serial one -29%).
+    """
+    forward = max(forward_seconds, gather_seconds)
+    backward = max(backward_seconds, reduce_scatter_seconds) + backward_gathers * gather_seconds
+    return forward + backward
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class LayerPass:
+    """One transformer layer, one micro-batch, one GPU, as the step prices it (seconds)."""
+
+    forward: float
+    """Forward compute (``LayerSeconds.forward``, or its share of the dispatch floor)."""
+    backward: float
+    """Backward compute, the recompute it repeats, and landing the layer's weight gradients
+    (``timing.grad_accumulation_bytes_per_param``)."""
+    tp_forward: float
+    """TP collectives in forward: two all-reduces (reduce-scatter + all-gather pairs under SP)."""
+    tp_backward: float
+    """TP collectives in backward: two, and the forward's two again under full recompute."""
+
+    @property
+    def tp(self) -> float:
+        return self.tp_forward + self.tp_backward
+
+
+def layer_pass_seconds(*, facts, layout, training, cluster, tp_style: str = "autotp") -> LayerPass:
+    """``LayerPass`` of one layer of ``facts`` under ``layout`` (what ``step_time`` multiplies by
+    the layers of a stage; Korthikanti et al. 2022 Table 4 measures the same quantity)."""
+    from dstk.estimate import _bandwidth
+
+    gpu = cluster.gpu
+    tp = layout.tp
+    w = mem.param_bytes(training.precision)
+    tokens = layout.micro_batch * training.seq_len
+    layer = layer_seconds(facts=facts, tokens=tokens, seq_len=training.seq_len, tp=tp,
+                          sp=tp if layout.sequence_parallel else 1, act_bytes=w, attention=training.attention,
+                          gpu=gpu, peak_flops=gpu.peak_flops(training.precision))
+    fwd, bwd = layer.forward, layer.backward + layer.recompute(layout.recompute)
+    floor = gpu.layer_overhead_seconds - fwd - bwd
+    if floor > 0:  # dispatch-bound (a tiny model on a CPU rank): the layer takes the floor
+        fwd, bwd = fwd + floor / 3, bwd + 2 * floor / 3
+    engine = "megatron" if tp_style == "megatron" else "deepspeed"
+    params = facts.layer_sharded / tp + facts.layer_replicated
+    bwd += tm.memory_seconds(nbytes=tm.grad_accumulation_bytes_per_param(engine=engine, precision=training.precision)
+                             * params, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
+    one = 0.0
+    if tp > 1:
+        bw, lat = _bandwidth(group=tp, stride=1, cluster=cluster)
+        one = tm.ring_allreduce_seconds(nbytes=tokens * facts.hidden * w, ranks=tp, bandwidth=bw, latency=lat)
+    return LayerPass(forward=fwd, backward=bwd, tp_forward=2 * one,
+                     tp_backward=(4 if layout.recompute == "full" else 2) * one)
+
+
+def _dp_exposed_seconds(*, seconds: float, backward_seconds: float, bucket_seconds: float, overlap: bool) -> float:
+    """Exposed gradient reduction: without ``overlap_comm`` DeepSpeed reduces each full bucket on
+    the compute stream (or, ZeRO-0 and Megatron, all at once after backward), so all of it adds;
+    with it the buckets reduce on a side stream while backward runs, and only what does not fit
+    under backward, and the last bucket (filled when backward ends), is exposed."""
+    if seconds <= 0:
+        return 0.0
+    if not overlap:
+        return seconds
+    return max(min(bucket_seconds, seconds), seconds - backward_seconds)
+
+
+def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "autotp"):
+    """``Time`` of one optimizer step of ``layout`` (see the module docstring for the model)."""
+    from dstk.estimate import Time, _bandwidth, stage_layers, stage_params
+
+    f = facts
+    tp, pp, dp, m, v = layout.tp, layout.pp, layout.dp, layout.grad_accum, layout.virtual_stages
+    gpu = cluster.gpu
+    peak = gpu.peak_flops(training.precision)
+    w = mem.param_bytes(training.precision)
+    tokens_mb = layout.micro_batch * training.seq_len
+    recompute = layout.recompute
+    megatron = tp_style == "megatron"
+
+    layer = layer_pass_seconds(facts=f, layout=layout, training=training, cluster=cluster, tp_style=tp_style)
+    pp_mb = 0.0
+    if pp > 1:
+        bw, lat = _bandwidth(group=2, stride=tp * dp, cluster=cluster)
+        # Activations forward and gradients backward cross each boundary once per micro-batch
+        # (scattered over the TP group, Narayanan et al. 2021 §4.1); interleaving crosses v
+        # times as many boundaries (§2.2.2).
+        pp_mb = 2 * v * (tokens_mb * f.hidden * w / tp / bw + lat)
+    head = head_seconds(facts=f, tokens=tokens_mb, tp=tp, act_bytes=w, gpu=gpu, peak_flops=peak)
+    embed = tm.memory_seconds(nbytes=3.0 * 2 * w * f.hidden * tokens_mb, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
+    if megatron and tp > 1:  # the vocab-parallel embedding all-reduces its output
+        bw, lat = _bandwidth(group=tp, stride=1, cluster=cluster)
+        embed += tm.ring_allreduce_seconds(nbytes=tokens_mb * f.hidden * w, ranks=tp, bandwidth=bw, latency=lat)
+
+    counts = stage_layers(f.layers, pp, layout=layout)
+    accumulate = tm.grad_accumulation_bytes_per_param(engine="megatron" if megatron else "deepspeed",
+                                                      precision=training.precision)
+    # The slowest stage sets the pace of every micro-batch (1F1B, Narayanan et al. 2021 §2.2).
+    stage_fwd = stage_bwd = stage_tp = stage_tp_fwd = 0.0
+    for i, n in enumerate(counts):
+        ends = stage_params(f, layers=0, first=i == 0, last=i == pp - 1, tp=tp, pp=pp, tp_style=tp_style)
+        fwd = n * layer.forward + (embed / 3 if i == 0 else 0.0) + (head / 3 if i == pp - 1 else 0.0)
+        bwd = n * layer.backward + (2 * embed / 3 if i == 0 else 0.0) + (2 * head / 3 if i == pp - 1 else 0.0)
+        bwd += tm.memory_seconds(nbytes=accumulate * ends, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
+        if fwd + bwd + n * layer.tp > stage_fwd + stage_bwd + stage_tp:
+            stage_fwd, stage_bwd, stage_tp, stage_tp_fwd = fwd, bwd, n * layer.tp, n * layer.tp_forward
+    mb_compute = stage_fwd + stage_bwd
+    stage_mb = mb_compute + stage_tp + pp_mb
+    bubble_frac = tm.bubble_fraction(pp=pp, microbatches=m, virtual_stages=v)
+
+    # Data parallel: gradients (and ZeRO-3's parameter gathers) over the DP group.
+    worst = max(range(pp), key=lambda i: counts[i])
+    worst_params = stage_params(f, layers=counts[worst], first=worst == 0, last=worst == pp - 1, tp=tp, pp=pp,
+                                tp_style=tp_style)
+    grad_bytes = w * worst_params
+    dp_seconds = gather_seconds = offload_seconds = 0.0
+    exposed_dp = exposed_zero3 = 0.0
+    if dp > 1:
+        bw, lat = _bandwidth(group=dp, stride=tp, cluster=cluster)
+        bucket = tm.ring_allreduce_seconds(nbytes=w * min(buffers.reduce_bucket_size, worst_params), ranks=dp,
+                                           bandwidth=bw, latency=lat)
+        if layout.zero_stage == 3:
+            one = tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
+            backward_gathers = 2 if recompute == "full" else 1
+            gather_seconds = m * (1 + backward_gathers) * one
+            dp_seconds = m * one
+            per_mb = zero3_step_seconds(forward_seconds=stage_fwd + stage_tp_fwd,
+                                        backward_seconds=stage_bwd + stage_tp - stage_tp_fwd, gather_seconds=one,
+                                        reduce_scatter_seconds=one, backward_gathers=backward_gathers)
+            exposed_zero3 = m * (per_mb - mb_compute - stage_tp)
+        elif layout.zero_stage == 2:
+            # DeepSpeed's stage 2 reduce-scatters in every micro-step (it keeps only a gradient
+            # partition), then all-gathers the updated parameters once.
+            rs = tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
+            dp_seconds = (m + 1) * rs
+            exposed_dp = m * _dp_exposed_seconds(seconds=rs, backward_seconds=stage_bwd, bucket_seconds=bucket / 2,
+                                                 overlap=buffers.overlaps(2)) + rs
+        else:
+            dp_seconds = tm.ring_allreduce_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
+            overlap = layout.zero_stage == 1 and buffers.overlaps(1) and not megatron
+            exposed_dp = _dp_exposed_seconds(seconds=dp_seconds, backward_seconds=stage_bwd, bucket_seconds=bucket,
+                                             overlap=overlap)
+    shard = worst_params / (dp if layout.zero_stage else 1)
+    optimizer_seconds = 0.0
+    if layout.offload_optimizer != "none" or layout.offload_params != "none":
+        # fp32 gradients down, bf16 parameters up over PCIe, and the CPU optimizer's update.
+        offload_seconds = (4 + w) * shard / gpu.host_bytes_per_s + shard / cluster.cpu_adam_params_per_s
+        if layout.offload_params != "none":
+            offload_seconds += m * 2 * w * shard * dp / gpu.host_bytes_per_s
+    else:
+        per_param = tm.optimizer_step_bytes_per_param(optimizer=training.optimizer, precision=training.precision)
+        optimizer_seconds = tm.memory_seconds(nbytes=per_param * shard, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
+
+    compute = m * stage_mb + optimizer_seconds + gpu.step_overhead_seconds
+    bubble = bubble_frac * m * stage_mb
+    comm = exposed_dp + exposed_zero3 + offload_seconds
+    step = compute + bubble + comm
+
+    tokens_step = layout.global_batch * training.seq_len
+    fwd_token = tm.forward_flops_per_token(matmul_params=f.layers * f.layer_matmul_active + f.head_matmul,
+                                           num_layers=f.layers, seq_len=training.seq_len,
+                                           attention_width=f.attention_width)
+    attn_fwd = tm.attention_forward_flops_per_token(num_layers=f.layers, seq_len=training.seq_len,
+                                                     attention_width=f.attention_width)
+    model_flops_token, hw_flops_token = tm.training_flops(forward=fwd_token, attention_forward=attn_fwd,
+                                                          recompute=recompute)
+    recompute_factor = hw_flops_token / model_flops_token
+    world = cluster.world_size
+    model_flops_step = model_flops_token * tokens_step
+    tps = tokens_step / step if step > 0 else 0.0
+    achieved = model_flops_step / step / world if step > 0 else 0.0
+    return Time(
+        step_seconds=step, compute_seconds=compute, comm_seconds=comm,
+        comm={"dp": dp_seconds, "zero3_gather": gather_seconds, "tp": m * stage_tp, "pp": m * pp_mb,
+              "offload": offload_seconds},
+        bubble_seconds=bubble, bubble_fraction=bubble_frac, tokens_per_second=tps,
+        tflops_per_gpu=achieved / 1e12, mfu=achieved / peak, hfu=achieved * recompute_factor / peak,
+        model_flops_per_step=model_flops_step,
+        time_to_train_seconds=training.num_tokens / tps if training.num_tokens and tps else None,
+    )
