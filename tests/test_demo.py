@@ -48,7 +48,51 @@ def test_demo_end_to_end_on_two_cpu_ranks(tmp_path):
     summary = json.loads((out / "finetune" / "summary.json").read_text())
     assert summary["last_loss"] < summary["first_loss"]
     assert "demo: loss" in proc.stdout
+    log = (out / "logs" / "launch.log").read_text()
+    assert "[INFO] [launch.py" in log and "[rank 0]" in log  # the whole launch is in the log ...
+    assert "[INFO] [launch.py" not in proc.stdout + proc.stderr  # ... the launcher's lines not on the terminal
+    assert "[rank 0] trained 30 steps" in proc.stdout
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(out / "finetune" / "model")
     assert model.config.num_hidden_layers == 2
+
+
+def test_launch_sink_keeps_the_launcher_lines_in_the_log(capsys):
+    import io
+
+    from dstk.commands.demo import launch_sink
+
+    lines = [("stdout", "[2026-12-03 06:47:00,441] [INFO] [launch.py:170:main] dist_world_size=2\n"),
+             ("stderr", "[2026-12-03 06:46:57,875] [WARNING] [runner.py:214:fetch_hostfile] Unable to find hostfile\n"),
+             ("stdout", "[2026-12-03 06:47:00,441] [ERROR] [launch.py:321:sigkill_handler] exits with return code 1\n"),
+             ("stdout", "[rank 0] [####################] 4/4 loss 6.2245\n"),
+             ("stderr", "dstk: rank 1 on host exited with code 7\n")]
+    for verbose in (False, True):
+        log = io.StringIO()
+        sink = launch_sink(log=log, verbose=verbose)
+        for stream, line in lines:
+            sink(stream, line)
+        assert log.getvalue() == "".join(line for _, line in lines)
+        shown = capsys.readouterr()
+        assert ("[INFO] [launch.py" in shown.out) is verbose and ("fetch_hostfile" in shown.err) is verbose
+        assert "[ERROR]" in shown.out and "[rank 0]" in shown.out and "dstk: rank 1" in shown.err
+
+
+@pytest.mark.distributed
+def test_demo_launch_path_logs_the_real_launcher(tmp_path, capsys):
+    """The demo's sink on a real launch (the deepspeed runner, 2 CPU ranks of a script that only prints)."""
+    from dstk.commands.demo import launch_sink
+    from dstk.launch import run_launch, spec_from_run_dir
+    from tests.test_launch import write_run_dir
+
+    run_dir = write_run_dir(tmp_path / "run", num_nodes=1, gpus_per_node=2)
+    script = ROOT / "tests" / "data" / "launch" / "scripts" / "crash.py"
+    spec = spec_from_run_dir(run_dir, script=str(script), script_args=["ok"], config_arg=None)
+    with open(tmp_path / "launch.log", "w") as log:
+        assert run_launch(spec, sink=launch_sink(log=log, verbose=False)) == 0
+    log = (tmp_path / "launch.log").read_text()
+    shown = capsys.readouterr()
+    assert "[INFO] [launch.py" in log and "[INFO] [runner.py" in log and "[rank 1] started rank=1" in log
+    assert "[INFO]" not in shown.out + shown.err
+    assert "[rank 0] started rank=0" in shown.out and "[rank 1] started rank=1" in shown.out

@@ -17,7 +17,8 @@ from dstk.render import read_megatron_args
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "examples" / "intents" / "tiny-llama-cpu.yaml")
-FILES = ["README.md", "ds_config.hf.json", "ds_config.json", "megatron.args", "plan.json"]
+FILES = ["README.md", "accelerate_config.yaml", "ds_config.hf.json", "ds_config.json", "megatron.args", "plan.json",
+         "training_args.json"]
 INTENTS = sorted((ROOT / "examples" / "intents").glob("*.yaml")) + sorted((ROOT / "tests" / "data" / "plan").glob("*.yaml"))
 
 

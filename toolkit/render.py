@@ -171,8 +171,11 @@ def ds_config(
     without them (the presets: no model) the HF flavour says "auto" for the bucket sizes.
 
     ``hf=True`` writes "auto" wherever transformers' Trainer fills the value from its
-    ``TrainingArguments`` (batch triad, clipping, optimizer and scheduler numbers, fp16/bf16,
-    ZeRO bucket sizes), so the two cannot disagree. ``world_independent=True`` leaves out
+    ``TrainingArguments`` (batch triad, clipping, fp16/bf16, ZeRO bucket sizes), so the two cannot
+    disagree, and has no ``optimizer`` / ``scheduler`` block: the Trainer builds its own from
+    ``optim`` and ``lr_scheduler_type`` (``training_arguments``); a DeepSpeed block would silently
+    replace them (intent.py has no field to ask for DeepSpeed's own). The one exception: with
+    optimizer offload it keeps DeepSpeed's optimizer block ("auto" numbers; see the comment below). ``world_independent=True`` leaves out
     ``train_batch_size`` so DeepSpeed derives it as micro x accumulation x data-parallel size
     (the presets, and AutoTP, see below). Recomputation itself is switched on by the training script
     (``model.gradient_checkpointing_enable()``, or the pipeline's checkpoint interval).
@@ -210,8 +213,18 @@ def ds_config(
     config["zero_optimization"] = _zero_block(layout, hf=hf, nvme_path=nvme_path, buffers=buffers)
     if layout.zero_stage >= 1 and training.optimizer not in _ZERO_TESTED:
         config["zero_allow_untested_optimizer"] = True
-    config["optimizer"] = _optimizer_block(training, hf=hf, torch_adam=torch_adam)
-    config["scheduler"] = _scheduler_block(training, hf=hf)
+    # The HF flavour leaves both out: a DeepSpeed optimizer/scheduler block silently replaces the
+    # Trainer's ``optim`` / ``lr_scheduler_type`` (transformers ``deepspeed_optim_sched``); the Trainer
+    # builds them from training_args.json instead (``training_arguments`` below). Except the optimizer
+    # under optimizer offload: DeepSpeed refuses a client optimizer other than DeepSpeedCPUAdam/Lion
+    # there (deepspeed/runtime/engine.py:2342-2346), so accelerate swaps the Trainer's for
+    # DeepSpeedCPUAdam keeping only lr and weight_decay (accelerate 1.16 utils/deepspeed.py:29-47,
+    # map_pytorch_optim_to_deepspeed): betas and eps reset to defaults, SGD becomes Adam. The HF file
+    # keeps DeepSpeed's block then, its numbers "auto" filled from the Trainer's (HF scheduler with it).
+    if not hf or layout.offload_optimizer != "none":
+        config["optimizer"] = _optimizer_block(training, hf=hf, torch_adam=torch_adam)
+    if not hf:
+        config["scheduler"] = _scheduler_block(training, hf=hf)
     if layout.recompute != "none":
         config["activation_checkpointing"] = {
             # Partitioning saved activations across the TP group only helps when there is one.
@@ -385,9 +398,11 @@ With DeepSpeed's runner and your own script (`deepspeed.initialize(config="ds_co
 
     {launcher} train.py --deepspeed_config ds_config.json
 
-With transformers' Trainer: `TrainingArguments(deepspeed="ds_config.hf.json", ...)`; the "auto"
-values are filled from the TrainingArguments, so set batch size, accumulation, learning rate and
-precision there.
+With transformers' Trainer: `TrainingArguments(**json.load(open("training_args.json")))` (it names
+`deepspeed="ds_config.hf.json"`); the "auto" values are filled from those arguments, which carry the
+plan's batch, accumulation, precision, optimizer and schedule. With accelerate, from this directory:
+
+    accelerate launch --config_file accelerate_config.yaml train.py
 
 With Megatron-LM (one argument per line in `megatron.args`):
 
@@ -400,7 +415,8 @@ With Megatron-LM (one argument per line in `megatron.args`):
 {why}
 
 Files: `plan.json` (the plan, with the model, cluster and training it was made for),
-`ds_config.json`, `ds_config.hf.json`, `megatron.args`. Check any of them with `dstk validate`.
+`ds_config.json`, `ds_config.hf.json`, `training_args.json`, `accelerate_config.yaml`, `megatron.args`.
+Check the DeepSpeed files with `dstk validate`.
 """
 
 
@@ -458,10 +474,105 @@ def run_files(
         "ds_config.json": _dumps(ds),
         "ds_config.hf.json": _dumps(hf),
         "megatron.args": "\n".join(megatron_args(layout=layout, training=training, model=model)) + "\n",
+        "accelerate_config.yaml": accelerate_config_yaml(layout=layout, num_nodes=num_nodes, training=training),
+        "training_args.json": _dumps(training_arguments(layout=layout, training=training)),
         "README.md": run_readme(
             plan=plan, world_size=layout.world_size, num_nodes=num_nodes, gpus_per_node=gpus_per_node, cpu=cpu
         ),
     }
+
+
+# --- accelerate and transformers' Trainer ------------------------------------------------------
+
+# dstk optimizer -> TrainingArguments.optim (transformers ``OptimizerNames``). The Trainer has no Adam
+# with L2 decay: "adam" becomes AdamW (the same optimizer when weight_decay is 0).
+_HF_OPTIM = {"adamw": "adamw_torch", "adam": "adamw_torch", "sgd": "sgd", "lion": "lion_32bit",
+             "adafactor": "adafactor"}
+# dstk schedule -> TrainingArguments.lr_scheduler_type (transformers ``SchedulerType``).
+_HF_SCHEDULE = {"cosine": "cosine_with_min_lr", "linear": "linear", "constant": "constant_with_warmup"}
+
+
+def training_arguments(*, layout: Layout, training: TrainingIntent, deepspeed: str = "ds_config.hf.json",
+                       output_dir: str = "output") -> dict:
+    """``transformers.TrainingArguments`` keyword arguments for the plan (``training_args.json``).
+
+    They carry every value ``ds_config.hf.json`` leaves "auto", so the Trainer fills the DeepSpeed
+    file from them (``HfTrainerDeepSpeedConfig.trainer_config_process``): per-device batch =
+    micro-batch, accumulation, clipping, bf16/fp16; and the optimizer and schedule the DeepSpeed
+    flavour would have run: lr, weight decay, Adam betas/eps, warmup = max(1, min(warmup, steps))
+    as in ``_scheduler_block``, cosine down to ``min_lr_ratio`` x lr (``cosine_with_min_lr`` with
+    ``min_lr_rate``), max_steps = the run's optimizer steps.
+    """
+    precision = training.precision or "bf16"
+    steps = training.steps
+    args: dict = {
+        "output_dir": output_dir,
+        "deepspeed": deepspeed,
+        "per_device_train_batch_size": layout.micro_batch,
+        "gradient_accumulation_steps": layout.grad_accum,
+        "max_steps": steps,
+        "bf16": precision == "bf16",
+        "fp16": precision == "fp16",
+        "optim": _HF_OPTIM[training.optimizer],
+        "learning_rate": training.lr,
+        "weight_decay": training.weight_decay,
+        "adam_beta1": training.betas[0],
+        "adam_beta2": training.betas[1],
+        "adam_epsilon": training.eps,
+        "max_grad_norm": training.grad_clip,
+        "lr_scheduler_type": _HF_SCHEDULE[training.schedule],
+        "warmup_steps": max(1, min(training.warmup_steps, steps)),
+        "gradient_checkpointing": layout.recompute != "none" and layout.pp == 1,
+        "logging_steps": 10,
+    }
+    if training.schedule == "cosine":
+        args["lr_scheduler_kwargs"] = {"min_lr_rate": training.min_lr_ratio}
+    return args
+
+
+def accelerate_config_yaml(*, layout: Layout, num_nodes: int, training: TrainingIntent,
+                           deepspeed_config_file: str = "ds_config.hf.json") -> str:
+    """``accelerate_config.yaml`` for ``accelerate launch --config_file``: the DeepSpeed plugin
+    reading ``ds_config.hf.json``, ``num_processes`` = the plan's world size, ``num_machines`` = nodes.
+
+    Keys are those of accelerate's ``ClusterConfig`` (``accelerate/commands/config/config_args.py``).
+    ``mixed_precision`` is left unset, as ``accelerate config`` does with a DeepSpeed file: accelerate
+    refuses it next to ``deepspeed_config_file`` (``DeepSpeedPlugin._deepspeed_config_checks``) and
+    takes the precision from the file, whose "auto" the Trainer fills from training_args.json.
+    """
+    precision = training.precision or "bf16"
+    lines = [
+        "# accelerate launch --config_file accelerate_config.yaml train.py  (run from this directory:",
+        "# accelerate reads deepspeed_config_file relative to the working directory). Written by dstk.",
+        f"# Precision: {precision}, set in ds_config.hf.json / training_args.json (accelerate refuses",
+        "# mixed_precision next to deepspeed_config_file).",
+        "compute_environment: LOCAL_MACHINE",
+        "distributed_type: DEEPSPEED",
+        "deepspeed_config:",
+        f"  deepspeed_config_file: {deepspeed_config_file}",
+        f"  zero3_init_flag: {'true' if layout.zero_stage == 3 else 'false'}",
+    ]
+    if num_nodes > 1:
+        lines.append("  deepspeed_multinode_launcher: standard")
+    lines += [
+        f"num_machines: {num_nodes}",
+        f"num_processes: {layout.world_size}",
+        "machine_rank: 0",
+    ]
+    if num_nodes > 1:
+        lines += [
+            "# Multi-node: set main_process_ip to the first node's address and machine_rank on each node.",
+            "main_process_ip: null",
+            "main_process_port: 29500",
+            "same_network: true",
+        ]
+    lines += [
+        "rdzv_backend: static",
+        "main_training_function: main",
+        "use_cpu: false",
+        "debug: false",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def read_megatron_args(text: str) -> list[str]:

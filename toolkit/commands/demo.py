@@ -3,16 +3,20 @@
 plan -> generate -> validate -> fine-tune a tiny Llama-style model on 2 CPU ranks (gloo, the
 real DeepSpeed engine) on the corpus bundled with dstk, then show the loss and where the exported
 HF model is. No GPU and no network. Each step is the same code path as its own command.
+DeepSpeed's launcher log lines (hostfile, world info, spawned commands) go to DIR/logs/launch.log
+with the whole launch, not to the terminal; --verbose prints them too.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Callable, TextIO
 
 from dstk.errors import UsageError
 
@@ -28,6 +32,35 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=int, default=100, help="optimizer steps of the fine-tune (default 100)")
     parser.add_argument("--skip-finetune", action="store_true",
                         help="stop after plan, generate and validate (no DeepSpeed processes)")
+    parser.add_argument("--verbose", "-v", action="store_true",
+                        help="also print DeepSpeed's launcher log lines (always kept in DIR/logs/launch.log)")
+
+
+LAUNCHER_LOG = re.compile(r"\[\d{4}-\d\d-\d\d [\d:,.]+\] \[(DEBUG|INFO|WARNING)\] ")
+"""A line of DeepSpeed's logger (``deepspeed/utils/logging.py`` line 39:
+``[%(asctime)s] [%(levelname)s] [file:line:func]``)
+at DEBUG, INFO or WARNING level. Unprefixed, it comes from the launcher processes (``deepspeed.launcher.runner`` and
+``.launch``: the hostfile, the world info, each spawned command); the ranks' lines carry ``[rank R]``."""
+
+
+def is_launcher_log(line: str) -> bool:
+    """True for DeepSpeed's launcher INFO/WARNING lines; errors, rank-prefixed lines and dstk's own stay out."""
+    return LAUNCHER_LOG.match(line) is not None
+
+
+def launch_sink(*, log: TextIO, verbose: bool) -> Callable[[str, str], None]:
+    """A ``dstk.launch.run_launch`` sink: every line into ``log``; on the terminal all but the launcher's
+    log lines (all of them with ``verbose``), each stream to its own."""
+
+    def sink(stream: str, line: str) -> None:
+        log.write(line)
+        log.flush()
+        if verbose or not is_launcher_log(line):
+            out = sys.stdout if stream == "stdout" else sys.stderr
+            out.write(line)
+            out.flush()
+
+    return sink
 
 
 def _step(title: str) -> None:
@@ -55,6 +88,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise UsageError(f"--steps: expected a positive integer, got {args.steps}", hint="use --steps 100")
+    from dstk.commands.generate import refuse_stdout_dir
+
+    refuse_stdout_dir(args.output, what="the demo's directory",
+                      hint="pass --output DIR, or leave it out for ./dstk-demo")
     out = Path(args.output)
     _prepare_output(out)
     run_dir, ft_dir = out / "run", out / "finetune"
@@ -89,8 +126,8 @@ def run(args: argparse.Namespace) -> int:
     with template("corpus", "harbour-notes.txt").open("rb") as src:
         corpus = out / "corpus.txt"
         corpus.write_bytes(src.read())
-    rc = dstk(["finetune", "--plan", str(run_dir), "--data", str(corpus), "--output", str(ft_dir),
-               "--steps", str(args.steps), "--log-every", str(max(1, args.steps // 8))])
+    rc = finetune(run_dir=run_dir, corpus=corpus, ft_dir=ft_dir, steps=args.steps, log_path=out / "logs" / "launch.log",
+                  verbose=args.verbose)
     if rc:
         return rc
     summary = json.loads((ft_dir / "summary.json").read_text())
@@ -103,3 +140,28 @@ def run(args: argparse.Namespace) -> int:
     return 0 if summary["last_loss"] < summary["first_loss"] else 1
 
 
+
+
+def finetune(*, run_dir: Path, corpus: Path, ft_dir: Path, steps: int, log_path: Path, verbose: bool) -> int:
+    """``dstk finetune --prepare-only`` (the same checks and files as the command), then its launch with
+    the launcher's log lines kept in ``log_path`` instead of on the terminal unless ``verbose``."""
+    import contextlib
+    import io
+
+    from dstk.cli import main as dstk
+    from dstk.train.prepare import launch
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        rc = dstk(["finetune", "--plan", str(run_dir), "--data", str(corpus), "--output", str(ft_dir),
+                   "--steps", str(steps), "--log-every", str(max(1, steps // 8)), "--prepare-only"])
+    if rc:
+        print(printed.getvalue(), end="")
+        return rc
+    spec_path = Path(printed.getvalue().strip().splitlines()[-1])
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w", encoding="utf-8") as log:
+        rc = launch(spec_path, sink=launch_sink(log=log, verbose=verbose))
+    if not verbose:
+        print(f"DeepSpeed's launcher log: {log_path}", flush=True)
+    return rc

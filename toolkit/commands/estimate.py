@@ -25,7 +25,8 @@ from a default (a given flag that contradicts the file is an error)."""
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--intent", metavar="FILE", help="take model, cluster and training from an intent file "
-                        "(`dstk plan`'s YAML); the layout flags below still choose the layout")
+                        "(`dstk plan`'s YAML; - reads it from standard input); the layout flags below still "
+                        "choose the layout")
     parser.add_argument("--from", dest="from_file", metavar="FILE", help="estimate the run another tool's setup "
                         "describes (accelerate, LLaMA-Factory, axolotl, HF TrainingArguments, Megatron args; see "
                         "`dstk import`): its ZeRO stage, offload, tp/pp and micro-batch are the layout; flags win")
@@ -245,7 +246,12 @@ def _intent_context(args: argparse.Namespace):
     if clashing:
         raise UsageError(f"--intent gives the model, cluster and training; drop --{clashing[0].replace('_', '-')}",
                          hint="edit the intent file instead, or leave --intent out")
-    intent = load_intent(args.intent)
+    if args.intent == "-":
+        from dstk.commands.plan import intent_from_stdin
+
+        intent = intent_from_stdin()
+    else:
+        intent = load_intent(args.intent)
     if args.hardware:
         intent = with_overrides(intent, {"cluster": {"hardware": args.hardware}})
     return resolve(intent)

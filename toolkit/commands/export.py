@@ -28,8 +28,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dstk.commands.generate import refuse_stdout_dir
     from dstk.errors import require_train_stack
 
+    refuse_stdout_dir(args.output, what="an HF model directory", hint="give a directory name, e.g. -o hf-model")
     require_train_stack("export", modules=("torch", "transformers", "safetensors"))
     from dstk.pipeline.export import export_hf
 

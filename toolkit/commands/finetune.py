@@ -136,8 +136,10 @@ def plan_intent(args: argparse.Namespace, *, log=lambda s: print(s, file=sys.std
 
 
 def run(args: argparse.Namespace) -> int:
+    from dstk.commands.generate import refuse_stdout_dir
     from dstk.errors import require_train_stack
 
+    refuse_stdout_dir(args.output, what="the run's directory", hint="give a directory name, e.g. -o ft1")
     require_train_stack("finetune")
     from dstk.train.prepare import FinetuneRequest, launch, prepare
 

@@ -12,7 +12,8 @@ from dstk.errors import DstkError, UsageError
 HELP = "write ds_config.json, ds_config.hf.json, megatron.args, plan.json and a README for the best plan"
 DESCRIPTION = (
     "Plan as `dstk plan` does, then write the chosen plan into --output: ds_config.json (for "
-    "deepspeed.initialize), ds_config.hf.json (for transformers' Trainer, with \"auto\"), megatron.args, "
+    "deepspeed.initialize), ds_config.hf.json (for transformers' Trainer, with \"auto\"), training_args.json "
+    "(the TrainingArguments that fill those \"auto\"), accelerate_config.yaml (accelerate launch), megatron.args, "
     "plan.json and README.md. Every config is validated before it is written; files are written atomically; "
     "an existing non-empty directory is refused without --force."
 )
@@ -20,11 +21,19 @@ DESCRIPTION = (
 
 def configure(parser: argparse.ArgumentParser) -> None:
     add_intent_arguments(parser)
-    parser.add_argument("--output", "-o", required=True, metavar="DIR", help="run directory to write")
+    parser.add_argument("--output", "-o", required=True, metavar="DIR",
+                        help="run directory to write (a directory: not -)")
     parser.add_argument("--force", action="store_true", help="overwrite the files in an existing DIR")
     parser.add_argument("--pick", type=int, default=1, metavar="N",
                         help="write the N-th plan of `dstk plan` (1 = best, the default)")
     parser.add_argument("--format", choices=["human", "json"], default="human")
+
+
+def refuse_stdout_dir(output, *, what: str, hint: str) -> None:
+    """``-`` means standard output to most tools; where a command writes a directory it would be a
+    directory named ``-``: refuse it (generate, demo, finetune and export call this first)."""
+    if str(output) == "-":
+        raise UsageError(f"--output - : {what} cannot be standard output", hint=hint)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -33,6 +42,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.pick < 1:
         raise UsageError(f"--pick {args.pick}: plans are numbered from 1", hint="use --pick 1 for the best plan")
+    refuse_stdout_dir(args.output, what="a run directory",
+                      hint="give a directory name, e.g. -o run1; `dstk plan --format json` prints the plan instead")
     intent = intent_from_args(args)
     ctx = planner.resolve(intent)
     result = planner.plan_intent(ctx, top=None)

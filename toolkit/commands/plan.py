@@ -73,7 +73,8 @@ def add_intent_arguments(parser: argparse.ArgumentParser, *, positional_help: st
 
     if positional:
         parser.add_argument("intent", nargs="?", metavar="INTENT",
-                            help=positional_help or "intent YAML file (see examples/intents/); flags override it")
+                            help=positional_help or "intent YAML file (see examples/intents/), - for standard "
+                                                    "input; flags override it")
     if with_from:
         parser.add_argument("--from", dest="from_file", metavar="FILE",
                             help="the intent implied by another tool's setup (accelerate, LLaMA-Factory, axolotl, "
@@ -102,7 +103,7 @@ def intent_from_args(args: argparse.Namespace, *, path: str | None = None):
     from dstk.intent import load_intent, with_overrides
 
     path = path if path is not None else args.intent
-    base = load_intent(path) if path else None
+    base = (intent_from_stdin() if path == "-" else load_intent(path)) if path else None
     overrides: dict[str, dict] = {"model": {}, "cluster": {}, "training": {}, "constraints": {}}
     for key, value in vars(args).items():
         if key.startswith("i_") and "__" in key and value is not None:
@@ -126,6 +127,26 @@ def intent_from_args(args: argparse.Namespace, *, path: str | None = None):
         raise UsageError("no intent file and no model",
                          hint="pass an intent YAML (examples/intents/) or --model NAME / the model dimensions")
     return with_overrides(base, overrides)
+
+
+def intent_from_stdin():
+    """The intent YAML read from standard input (the path ``-``), named ``<stdin>`` in errors."""
+    import yaml
+
+    from dstk.intent import intent_from_dict
+
+    text = sys.stdin.read()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"<stdin>:{mark.line + 1}:{mark.column + 1}" if mark else "<stdin>"
+        raise DstkError(f"not valid YAML: {getattr(exc, 'problem', None) or exc}", hint="fix the YAML syntax",
+                        location=where) from None
+    if data is None:
+        raise DstkError("standard input is empty, not an intent", location="<stdin>",
+                        hint="pipe an intent YAML into it (see examples/intents/), or drop the -")
+    return intent_from_dict(data, source="<stdin>")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

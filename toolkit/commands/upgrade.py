@@ -33,7 +33,7 @@ class Change:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("config", metavar="CONFIG", help="a DeepSpeed JSON config")
+    parser.add_argument("config", metavar="CONFIG", help="a DeepSpeed JSON config (- reads standard input)")
     parser.add_argument("--deepspeed-version", default=TARGETS[-1], metavar="X",
                         help=f"target release (supported: {', '.join(TARGETS)})")
     parser.add_argument("--write", action="store_true", help="replace the file (atomically; CONFIG.bak keeps the old)")
@@ -155,11 +155,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--deepspeed-version {args.deepspeed_version}: dstk has the key tables of "
                          f"{', '.join(TARGETS)} only", hint=f"use --deepspeed-version {TARGETS[-1]}")
     path = args.config
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}", hint="check the path") from None
+    if path == "-":  # standard input: the diff (or JSON) as usual; there is no file to rewrite
+        if args.write:
+            raise UsageError("--write with - : standard input cannot be rewritten",
+                             hint="pass the config's path to --write it, or drop --write to see the diff")
+        path, text = "<stdin>", sys.stdin.read()
+    else:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except OSError as exc:
+            raise UsageError(f"cannot read {path}: {exc.strerror or exc}", hint="check the path") from None
     try:
         config = json.loads(text)
     except json.JSONDecodeError as exc:

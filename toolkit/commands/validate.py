@@ -32,7 +32,8 @@ def _positive(text: str) -> int:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("paths", nargs="+", metavar="PATH", help="config files (JSON or hjson)")
+    parser.add_argument("paths", nargs="+", metavar="PATH",
+                        help="config files (JSON or hjson); - reads one from standard input, reported as <stdin>")
     parser.add_argument("--world-size", type=_positive, metavar="N", help="total ranks; checks the batch triad")
     parser.add_argument("--tensor-parallel", type=_positive, metavar="T", help="tensor-parallel degree (default 1)")
     parser.add_argument("--pipeline-stages", type=_positive, metavar="P", help="pipeline stages (default 1)")
@@ -50,33 +51,59 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--deepspeed", action="store_true",
                         help="also run DeepSpeed's own parser (DeepSpeedConfig) on each file and report its verdict "
                              "(slow; a rejection makes the file invalid)")
+    parser.add_argument("--training-args", metavar="FILE",
+                        help="training_args.json (TrainingArguments.to_json_string()): report every explicit value "
+                             "that disagrees with it (DS240) and optimizer/scheduler blocks that replace it (DS241)")
 
 
 def run(args: argparse.Namespace) -> int:
     from dstk.findings import Finding, has_errors, render_github, render_text
     from dstk.validate import read_document, validate_document
     from dstk.validate.project import SHIPPED_DEEPSPEED, Settings, parse_codes, settings_for, version_finding
+    from dstk.validate.source import STDIN_LOCATION, read_stdin
 
     cli_ignore = frozenset().union(*(parse_codes(text, where="--ignore") for text in args.ignore))
+    training_args = None
+    if getattr(args, "training_args", None):
+        from dstk.validate.training_args import read_training_args
+
+        training_args = read_training_args(args.training_args)
+    if args.paths.count("-") > 1:
+        raise UsageError("- (standard input) is given more than once",
+                         hint="standard input holds one config: pass - once, and the other configs as paths")
     results = []
     unreadable = []
     for path in args.paths:
-        if os.path.isdir(path):
+        data = None
+        if path == "-":
+            # settings as for a file in the working directory: the pyproject.toml above it applies
+            data, doc = read_stdin()
+            path, where = STDIN_LOCATION, os.path.join(os.getcwd(), STDIN_LOCATION)
+        elif os.path.isdir(path):
             unreadable.append((path, "is a directory"))
             continue
-        try:
-            doc = read_document(path)
-        except OSError as exc:
-            unreadable.append((path, exc.strerror or str(exc)))
-            continue
-        project = Settings() if args.no_project else settings_for(path)
+        else:
+            try:
+                doc = read_document(path)
+            except OSError as exc:
+                unreadable.append((path, exc.strerror or str(exc)))
+                continue
+            where = path
+        project = Settings() if args.no_project else settings_for(where)
         options = _options(args, project)
         findings = validate_document(doc, **options)
+        if training_args is not None and isinstance(doc.config, dict):
+            from dstk.validate import locate
+            from dstk.validate.training_args import training_args_findings
+
+            findings += locate(training_args_findings(doc.config, training_args,
+                                                      world_size=options["world_size"]), doc)
+            findings.sort(key=lambda f: (f.line is None, f.line or 0, f.column or 0))
         extra = version_finding(project)
         if extra is not None:
             findings.insert(0, extra)
         results.append(dict(path=path, doc=doc, findings=findings, options=options, project=project,
-                            ignore=cli_ignore | project.ignore))
+                            ignore=cli_ignore | project.ignore, data=data))
     if unreadable and not results:
         path, why = unreadable[0]
         raise UsageError(f"cannot read {path}: {why}", hint="pass paths of readable config files")
@@ -159,7 +186,10 @@ def _deepspeed_verdicts(results: list[dict]) -> dict:
     from dstk.validate.deepspeed_check import parse_many
 
     require_train_stack("validate --deepspeed", modules=("torch", "deepspeed"))
+    import tempfile
+
     jobs, paths = [], []
+    tmp = tempfile.TemporaryDirectory(prefix="dstk-validate-")
     for r in results:
         o = r["options"]
         dp = 1
@@ -169,6 +199,11 @@ def _deepspeed_verdicts(results: list[dict]) -> dict:
             if not isinstance(r["doc"].config, dict):
                 continue
             jobs.append({"config": r["doc"].config, "dp": 1, "fill": True})
+        elif r["data"] is not None:  # standard input: DeepSpeed reads a file, so give it the same bytes as one
+            copy = os.path.join(tmp.name, "stdin.json")
+            with open(copy, "wb") as fh:
+                fh.write(r["data"])
+            jobs.append({"config": copy, "dp": dp, "fill": False})
         else:
             jobs.append({"config": os.path.abspath(r["path"]), "dp": dp, "fill": False})
         paths.append(r["path"])
@@ -177,4 +212,6 @@ def _deepspeed_verdicts(results: list[dict]) -> dict:
     except (RuntimeError, subprocess.TimeoutExpired) as exc:
         raise DstkError(f"could not run DeepSpeed's parser: {exc}",
                         hint="check that deepspeed imports (`python -c 'import deepspeed'`), or drop --deepspeed") from None
+    finally:
+        tmp.cleanup()
     return {p: {"accepted": v.accepted, "error": v.error} for p, v in zip(paths, verdicts)}

@@ -38,6 +38,14 @@ def main(argv: list[str]) -> int:
     ds_plain = json.loads(Path(spec.ds_config).read_text(encoding="utf-8"))
     opt = ds_plain.get("optimizer", {}).get("params", {})
     sched = ds_plain.get("scheduler", {}).get("params", {})
+    # ds_config.hf.json has no optimizer/scheduler block (dstk.render.ds_config): the Trainer builds
+    # the plan's from these arguments, as in dstk.render.training_arguments.
+    optim = {"SGD": "sgd", "Adafactor": "adafactor", "Lion": "lion_32bit"}.get(
+        ds_plain.get("optimizer", {}).get("type"), "adamw_torch")
+    schedule = {"WarmupCosineLR": {"lr_scheduler_type": "cosine_with_min_lr",
+                                   "lr_scheduler_kwargs": {"min_lr_rate": float(sched.get("cos_min_ratio", 0.0))}},
+                "WarmupDecayLR": {"lr_scheduler_type": "linear"}}.get(
+        ds_plain.get("scheduler", {}).get("type"), {"lr_scheduler_type": "constant_with_warmup"})
     train = torch.load(spec.train_blocks)
     evals = torch.load(spec.eval_blocks) if spec.eval_blocks else None
     out = Path(spec.output_dir)
@@ -49,7 +57,7 @@ def main(argv: list[str]) -> int:
         learning_rate=float(opt.get("lr", 1e-3)), weight_decay=float(opt.get("weight_decay", 0.0)),
         adam_beta1=float(opt.get("betas", [0.9, 0.999])[0]), adam_beta2=float(opt.get("betas", [0.9, 0.999])[1]),
         adam_epsilon=float(opt.get("eps", 1e-8)), max_grad_norm=float(ds_plain.get("gradient_clipping", 1.0)),
-        warmup_steps=int(sched.get("warmup_num_steps", 0)), bf16=spec.precision == "bf16",
+        warmup_steps=int(sched.get("warmup_num_steps", 0)), bf16=spec.precision == "bf16", optim=optim, **schedule,
         fp16=spec.precision == "fp16", deepspeed=spec.hf_ds_config, logging_steps=spec.log_every,
         save_steps=spec.save_every or spec.num_steps, save_strategy="steps", report_to=[],
         eval_strategy="steps" if spec.eval_every and evals is not None else "no",

@@ -344,10 +344,10 @@ def _prepare_new(req: FinetuneRequest, out: Path, *, log) -> Path:
     return spec_path
 
 
-def launch(spec_path: Path, *, master_port: int | None = None, quiet_stdout: bool = False) -> int:
+def launch(spec_path: Path, *, master_port: int | None = None, quiet_stdout: bool = False, sink=None) -> int:
     """Start the ranks on the deepspeed runner through dstk.launch (rank-prefixed output, a non-zero
     exit when any rank fails). ``quiet_stdout``: the ranks' output goes to stderr (``--format json``
-    keeps stdout for the summary)."""
+    keeps stdout for the summary); ``sink(stream, line)``: every line goes there instead (``dstk demo``)."""
     from dstk.launch import run_launch, spec_from_run_dir
 
     train_spec = TrainSpec.load(spec_path)
@@ -355,6 +355,8 @@ def launch(spec_path: Path, *, master_port: int | None = None, quiet_stdout: boo
     spec = spec_from_run_dir(train_spec.run_dir, script=script, module=True, script_args=[str(spec_path)],
                              config_arg=None, master_port=master_port,
                              env={"TOKENIZERS_PARALLELISM": "false"})
+    if sink is not None:
+        return run_launch(spec, sink=sink)
     if quiet_stdout:
         return run_launch(spec, sink=lambda _stream, line: (sys.stderr.write(line), sys.stderr.flush()))
     return run_launch(spec)

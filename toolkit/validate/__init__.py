@@ -95,6 +95,11 @@ def _locate(findings: list[Finding], doc: Document) -> list[Finding]:
     return out
 
 
+def locate(findings: list[Finding], doc: Document) -> list[Finding]:
+    """Give findings made outside ``validate_document`` (``--training-args``) their line and column."""
+    return _locate(findings, doc)
+
+
 def validate_document(doc: Document, **options) -> list[Finding]:
     findings = list(doc.findings)
     if isinstance(doc.config, dict):

@@ -56,6 +56,8 @@ CODES: dict[str, tuple[str, str]] = {
     'DS231': ('warning', '`pipeline.stages/partition/seed_layers`: never read from the config (PipelineModule arguments)'),
     'DS233': ('error', '`train_batch_size` under AutoTP (initialize checks it against all ranks, not the DP ranks)'),
     'DS234': ('warning', '`aio.use_gds` (asserts a CUDA accelerator at parse time)'),
+    'DS240': ('error', 'an explicit value disagrees with `--training-args` (the Trainer\'s mismatch error at `deepspeed.initialize`)'),
+    'DS241': ('warning', '`optimizer` / `scheduler` block replaces `--training-args`\' `optim` / `lr_scheduler_type`'),
     'DS301': ('error', "DeepSpeed's own parser (`--deepspeed`) rejects the file"),
 }
 """code -> (severity: "error", "warning" or "error/warning", description in Markdown)."""

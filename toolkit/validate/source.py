@@ -368,3 +368,17 @@ def _non_finite(node, pointer: str) -> list[Finding]:
                                    "large for a float): not JSON, and DeepSpeed's hjson reader rejects it",
                            hint="write a finite number"))
     return out
+
+
+STDIN_LOCATION = "<stdin>"
+"""How a config read from standard input (the path ``-``) is named in findings and reports."""
+
+
+def read_stdin(*, stream=None, max_bytes: int = MAX_BYTES) -> tuple[bytes, Document]:
+    """The bytes of standard input (``-`` on the command line, as ``cat -`` reads it) and their parse.
+
+    At most ``max_bytes + 1`` bytes are read, so a runaway producer is cut off and reported (DS005)
+    instead of filling memory; the bytes are returned too, for ``--deepspeed``, which hands DeepSpeed a file."""
+    stream = stream if stream is not None else sys.stdin.buffer
+    data = stream.read(max_bytes + 1)
+    return data, parse_bytes(data, max_bytes=max_bytes)
