@@ -435,3 +435,12 @@ def test_hardware_applies_over_an_intent(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["cluster"]["gpu_memory_bytes"] == 8 * 2**30
     assert main(["estimate", "--intent", str(intent), "--hardware", str(hw), "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["cluster"]["gpu_memory_bytes"] == 2**30
+
+
+def test_a_file_written_for_the_trainer_is_read_in_hf_mode():
+    """`estimate --config` and `upgrade` check a config in HF mode when any value is "auto"."""
+    from dstk.validate.source import has_auto
+
+    assert has_auto({"zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}})
+    assert has_auto({"optimizer": {"params": {"betas": ["auto", 0.99]}}})
+    assert not has_auto({"zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}, "note": "automatic"})

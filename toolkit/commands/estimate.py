@@ -297,7 +297,9 @@ def from_config(args: argparse.Namespace):
                                                     fallback=fallback, pp=args.pp or 1, recompute=args.recompute,
                                                     positions=doc.positions, source=path)
     notes = [f.message for f in doc.findings] + list(notes)
-    hf = any(v == "auto" for v in _leaves(doc.config))
+    from dstk.validate.source import has_auto
+
+    hf = has_auto(doc.config)
     for f in validate_config(doc.config, world_size=cluster.world_size, tensor_parallel=layout.tp,
                              pipeline_stages=layout.pp, hf=hf):
         if f.severity == "error":
@@ -312,17 +314,6 @@ def from_config(args: argparse.Namespace):
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     return model, cluster, layout, training, settings.buffers, tuple(notes)
-
-
-def _leaves(node):
-    if isinstance(node, dict):
-        for value in node.values():
-            yield from _leaves(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _leaves(value)
-    else:
-        yield node
 
 
 def buffer_terms(per_gpu) -> list[str]:

@@ -178,7 +178,9 @@ def run(args: argparse.Namespace) -> int:
     new_text = text if not changes else json.dumps(new, indent=_indent(text)) + "\n"
     diff = "".join(difflib.unified_diff(text.splitlines(keepends=True), new_text.splitlines(keepends=True),
                                         fromfile=path, tofile=f"{path} (DeepSpeed {args.deepspeed_version})"))
-    remaining = [f for f in validate_config(new, hf=any(v == "auto" for v in _leaves(new)))
+    from dstk.validate.source import has_auto
+
+    remaining = [f for f in validate_config(new, hf=has_auto(new))
                  if f.severity == "error"]
     backup = _write(path, new_text) if args.write and changes else None
     if args.format == "json":
@@ -201,12 +203,3 @@ def run(args: argparse.Namespace) -> int:
     return 1 if remaining else 0
 
 
-def _leaves(node):
-    if isinstance(node, dict):
-        for value in node.values():
-            yield from _leaves(value)
-    elif isinstance(node, list):
-        for value in node:
-            yield from _leaves(value)
-    else:
-        yield node

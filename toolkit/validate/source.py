@@ -382,3 +382,12 @@ def read_stdin(*, stream=None, max_bytes: int = MAX_BYTES) -> tuple[bytes, Docum
     stream = stream if stream is not None else sys.stdin.buffer
     data = stream.read(max_bytes + 1)
     return data, parse_bytes(data, max_bytes=max_bytes)
+
+
+def has_auto(node) -> bool:
+    """Whether any value in a parsed config is ``"auto"`` (a file written for transformers' Trainer)."""
+    if isinstance(node, dict):
+        return any(has_auto(v) for v in node.values())
+    if isinstance(node, list):
+        return any(has_auto(v) for v in node)
+    return node == "auto"
