@@ -85,9 +85,9 @@ def main() -> None:
     print(f"bare HF fwd+bwd:   {b * 1e3:8.2f} ms (median of {args.repeats})")
     print(f"pp=1 wrapper:      {w * 1e3:8.2f} ms")
     print(f"ratio wrapper/bare: {w / b:.3f}")
-    import deepspeed.comm as dist
+    from dstk.launch.rank import exit_rank
 
-    dist.destroy_process_group()
+    exit_rank()
 
 
 if __name__ == "__main__":

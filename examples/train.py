@@ -18,6 +18,8 @@ import torch
 import transformers
 from deepspeed.accelerator import get_accelerator
 
+from dstk.launch.rank import exit_rank
+
 parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
 parser.add_argument("--deepspeed_config", required=True, help="passed by `dstk launch`")
 parser.add_argument("--local_rank", type=int, default=0, help="passed by the deepspeed runner")
@@ -50,4 +52,6 @@ for step in range(1, args.steps + 1):
         engine.step()
     if torch.distributed.get_rank() == 0:
         print(f"step {step} loss {loss.item():.4f}", flush=True)
-torch.distributed.destroy_process_group()
+# Wait for every rank, destroy the process group and exit without the abort that torch's gloo
+# backend (CPU ranks) can hit while the interpreter finalizes.
+exit_rank()

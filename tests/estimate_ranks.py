@@ -109,8 +109,9 @@ def main() -> None:
     results = [run_case(case) for case in json.loads(sys.argv[1])]
     if torch.distributed.get_rank() == 0:
         print("RESULT " + json.dumps(results), flush=True)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    from dstk.launch.rank import exit_rank
+
+    exit_rank()
 
 
 if __name__ == "__main__":

@@ -119,7 +119,12 @@ def run_case(case: dict) -> dict:
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         torch.manual_seed(0)
         model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds)
+        if case.get("lora"):  # adapters through peft on a frozen base, as dstk.train.worker builds them
+            from dstk.train import lora
+
+            model = lora.apply(model, lora.LoraSettings.from_json(case["lora"]))
+        params = [p for p in model.parameters() if p.requires_grad]
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=ds)
         del model
         gen = torch.Generator().manual_seed(1)
         for step in range(1, WARMUP_STEPS + MEASURED_STEPS + 1):
@@ -153,8 +158,9 @@ def main() -> None:
         print(f"case {i}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     if torch.distributed.get_rank() == 0:
         print("RESULT " + json.dumps(results), flush=True)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    from dstk.launch.rank import exit_rank
+
+    exit_rank()
 
 
 if __name__ == "__main__":

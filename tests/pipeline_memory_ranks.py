@@ -116,8 +116,9 @@ def main() -> None:
     deepspeed.init_distributed(dist_backend="gloo")
     results = [run_case(case) for case in json.loads(sys.argv[1])]
     print(f"RESULT {torch.distributed.get_rank()} " + json.dumps(results), flush=True)
-    torch.distributed.barrier()
-    torch.distributed.destroy_process_group()
+    from dstk.launch.rank import exit_rank
+
+    exit_rank()
 
 
 if __name__ == "__main__":

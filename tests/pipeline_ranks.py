@@ -316,8 +316,9 @@ def main() -> None:
                 dynamic_shapes(family, pp, r)
         results[family] = r
     (out_dir / f"{mode}-rank{rank}.json").write_text(json.dumps(results, indent=1))
-    dist.barrier()
-    dist.destroy_process_group()
+    from dstk.launch.rank import exit_rank
+
+    exit_rank()
 
 
 if __name__ == "__main__":

@@ -85,10 +85,9 @@ def _rank_main(run_dirs: list[str]) -> None:
                   flush=True)
         engine.destroy()
         del engine, model
-    import torch.distributed as dist
+    from dstk.launch.rank import exit_rank
 
-    dist.barrier()
-    dist.destroy_process_group()
+    exit_rank()
 
 
 @pytest.mark.distributed

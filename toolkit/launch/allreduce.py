@@ -78,10 +78,10 @@ def main(argv: list[str] | None = None) -> int:
             print(TAG + json.dumps({"size_bytes": size, "seconds": seconds, "algbw_bytes_per_s": algbw,
                                     "busbw_bytes_per_s": busbw, "world_size": world, "backend": backend,
                                     "device": device.type, "correct": correct, "iters": args.iters}), flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from dstk.launch.rank import exit_rank
+
+    exit_rank(main())

@@ -233,4 +233,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from dstk.launch.rank import exit_rank
+
+    exit_rank(main())

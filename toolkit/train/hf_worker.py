@@ -89,4 +89,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main([a for a in sys.argv[1:] if not a.startswith("--local_rank")]))
+    from dstk.launch.rank import exit_rank
+
+    exit_rank(main([a for a in sys.argv[1:] if not a.startswith("--local_rank")]))

@@ -394,12 +394,12 @@ def main(argv: list[str]) -> int:
                                 tokens=summary["tokens"], elapsed_seconds=elapsed,
                                 export_dir=written.get("model_dir") if written else out, checkpoint=last_ckpt,
                                 adapter_dir=(written or {}).get("adapter_dir"), base_dir=(written or {}).get("base_model")))
-    dist.barrier()
     engine.destroy()
-    dist.destroy_process_group()
     return 0
 
 
 if __name__ == "__main__":
     # The deepspeed runner appends --local_rank=N; the spec file is the one positional argument.
-    sys.exit(main([a for a in sys.argv[1:] if not a.startswith("--local_rank")]))
+    from dstk.launch.rank import exit_rank
+
+    exit_rank(main([a for a in sys.argv[1:] if not a.startswith("--local_rank")]))

@@ -8,6 +8,8 @@ import torch
 import torch.distributed as dist
 from deepspeed.accelerator import get_accelerator
 
+from dstk.launch.rank import exit_rank
+
 parser = argparse.ArgumentParser()
 parser.add_argument("--local_rank", type=int, default=0)
 parser.add_argument("--deepspeed_config", required=True)
@@ -36,4 +38,4 @@ same = all(torch.equal(gathered[0], g) for g in gathered)
 print(f"STEP rank={dist.get_rank()} world={dist.get_world_size()} node={os.environ.get('CROSS_RANK')} "
       f"backend={dist.get_backend()} "
       f"loss={loss.item():.6f} changed={changed} same={same}", flush=True)
-dist.destroy_process_group()
+exit_rank()  # barrier, destroy the group, leave without the gloo exit-time abort
