@@ -26,6 +26,9 @@ SHM = "[rank 2] ERROR: Unexpected bus error encountered in worker. This might be
 PORT = ("[rank 0] torch.distributed.DistNetworkError: The server socket has failed to listen on any local network "
         "address. port: 29500, useIpv6: false, code: -98, name: EADDRINUSE, message: address already in use")
 
+# A CPU rank aborted by torch's gloo backend at interpreter exit, as the CI run of 58b4c65 printed it.
+EXIT_ABORT = "[rank 1] terminate called without an active exception"
+
 PLAN = {
     "cluster": {"usable_bytes": 72 * 2**30},
     "memory": {"per_gpu": {"total_bytes": 70 * 2**30}, "cpu_bytes": 0},
@@ -43,6 +46,7 @@ PLAN = {
     ([UNREACHABLE], "master-unreachable", "--master-addr"),
     ([SHM], "bus-error", "--shm-size"),
     ([PORT], "port-in-use", "--master-port"),
+    ([EXIT_ABORT], "exit-abort", "exit_rank()"),
 ])
 def test_each_failure_is_named_with_its_fix(lines, code, fix_says):
     noise = ["[rank 0] step 10 loss 2.31", "[rank 1] Traceback (most recent call last):"]

@@ -19,7 +19,7 @@ import signal
 class Diagnosis:
     code: str
     """Stable name: ``gpu-oom``, ``host-oom``, ``nccl-timeout``, ``gloo-timeout``, ``port-in-use``,
-    ``master-unreachable``, ``op-build``, ``killed``, ``bus-error``, ``segfault``."""
+    ``master-unreachable``, ``op-build``, ``killed``, ``bus-error``, ``segfault``, ``exit-abort``."""
     cause: str
     fix: str
     line: str | None = None
@@ -91,6 +91,7 @@ _PATTERNS: list[tuple[str, re.Pattern]] = [(code, re.compile(p, re.I)) for code,
                  r"CUDA_HOME does not exist|MissingCUDAException|No module named 'deepspeed\.ops\."),
     ("bus-error", r"\bBus error\b|DataLoader worker .* is killed by signal: Bus error|"
                   r"unable to (write to|open shared memory)|No space left on device.*shm"),
+    ("exit-abort", r"terminate called without an active exception"),
 )]
 
 
@@ -139,6 +140,13 @@ def _fix(code: str, *, plan: dict | None) -> tuple[str, str]:
         return ("a process hit a bus error: shared memory (/dev/shm) is too small or full.",
                 "give the container more shared memory (`docker run --shm-size=16g`, or a larger /dev/shm "
                 "mount), or fewer DataLoader workers")
+    if code == "exit-abort":
+        return ("a rank aborted in native code (std::terminate). When it comes after the script's last line "
+                "on CPU ranks, it is torch's gloo backend at interpreter exit: a gloo thread releases the last "
+                "collective's tensors while Python finalizes.",
+                "end the training script with `from dstk.launch.rank import exit_rank; exit_rank()` (barrier, "
+                "destroy the process group, exit without finalizing), as examples/train.py does; otherwise look "
+                "for the native library that aborted (`coredumpctl` or gdb on the core)")
     raise KeyError(code)
 
 
