@@ -25,7 +25,10 @@ the hardware figures are the catalog's (``dstk.hardware``), the same for every r
    quantity. A check of the per-layer model, not one of the issue's goals.
 
 Megatron rows run the estimator with ``engine="megatron"`` and eager (fused-softmax) attention, as
-Megatron-LM did before FlashAttention; ZeRO-3 rows with ``engine="deepspeed"``.
+Megatron-LM did before FlashAttention; ZeRO-3 rows with ``engine="deepspeed"``. Narayanan's PTD-P
+rows ran the Megatron-LM of April 2021, which had no asynchronous TP communication (merged in
+September 2021): they call the estimator's ``step_time`` with
+``dstk.estimate.steptime.MEGATRON_2021``; Korthikanti's 2022 rows use today's default.
 """
 
 from __future__ import annotations
@@ -145,6 +148,17 @@ def eq3_flops(*, batch: int, layers: int, hidden: int) -> float:
     return 96.0 * batch * SEQ * layers * hidden**2 * (1 + SEQ / (6 * hidden) + VOCAB / (16 * layers * hidden))
 
 
+def _megatron_2021_time(*, model, layout, training, cluster):
+    """The estimator's step time for the Megatron-LM of April 2021 (``MEGATRON_2021``): the same
+    ``step_time`` that ``estimate(engine="megatron")`` calls, with the 2021 kernels."""
+    from dstk.estimate import _DEFAULT_BUFFERS, _model_facts
+    from dstk.estimate.steptime import MEGATRON_2021, step_time
+
+    _estimate(engine="megatron", model=model, layout=layout, training=training, cluster=cluster)  # fits, valid
+    return step_time(facts=_model_facts(model), layout=layout, training=training, cluster=cluster,
+                     buffers=_DEFAULT_BUFFERS, tp_style="megatron", kernels=MEGATRON_2021)
+
+
 def narayanan_rows() -> list[Row]:
     out = []
     for scheme, name, gpus, batch, micro, tp, pp, published in NARAYANAN:
@@ -153,8 +167,11 @@ def narayanan_rows() -> list[Row]:
         layout = Layout(dp=dp, tp=tp, pp=pp, micro_batch=micro, grad_accum=batch // (micro * dp), recompute="full",
                         zero_stage=3 if scheme == "ZeRO-3" else 0)
         training = Training(seq_len=SEQ, global_batch=batch, precision="fp16", attention="eager")
-        t = _estimate(engine="megatron" if scheme == "PTD-P" else "deepspeed", model=gpt(heads, hidden, layers),
-                      layout=layout, training=training, cluster=_cluster(gpus)).time
+        model, cluster = gpt(heads, hidden, layers), _cluster(gpus)
+        if scheme == "PTD-P":
+            t = _megatron_2021_time(model=model, layout=layout, training=training, cluster=cluster)
+        else:
+            t = _estimate(engine="deepspeed", model=model, layout=layout, training=training, cluster=cluster).time
         tflops = eq3_flops(batch=batch, layers=layers, hidden=hidden) / t.step_seconds / gpus / 1e12
         out.append(Row(table="Narayanan 2021 Table 2", label=f"{scheme} {name} {gpus} GPUs", unit="TFLOP/s",
                        predicted=tflops, published=published))

@@ -17,6 +17,8 @@ Sources of the default figures:
   TFLOP/s = 85.9%, H100 SXM 80.1%, H100/H200 SXM 80.3%, B200 77.6%, MI250X 76.7%, MI300X 60.1%;
   0.75 assumed for V100, A10, L40S and H100 PCIe, which the table lacks). Nothing in it is fitted to
   the published runs the time model is checked against (``benchmarks/estimate_published.py``);
+- ``Interconnect.efficiency`` of InfiniBand: ``IB_EFFICIENCY`` (NCCL's measured bus bandwidth
+  between nodes over the line rate, nccl-tests issues cited there);
 - ``achievable_fraction``: the share of peak for a model known only by its parameter count (no
   GEMM shapes): Korthikanti et al. 2022 Table 5 measured 51-56% MFU on A100; Megatron/Llama-3
   reports give 38-45% on H100.
@@ -223,13 +225,19 @@ GPUS: dict[str, GPU] = {g.slug: g for g in (
         layer_overhead_seconds=0.014),
 )}
 
+IB_EFFICIENCY = 0.92
+"""Share of the InfiniBand line rate NCCL's ring collectives reach between nodes: 91 GB/s bus
+bandwidth over 4 x HDR (100 GB/s) between two HGX A100 (NVIDIA/nccl-tests#100, 0.91); an NCCL
+maintainer's "~12 GB/s with each NIC" and 47 GB/s over a DGX-1's 4 x EDR (12.5 / 50 GB/s,
+NVIDIA/nccl#307, 0.94-0.96) and "46-48 GB/s per NIC" at NDR 400 Gb/s (nccl-tests#290, 0.92-0.96)."""
+
 INTERCONNECTS: dict[str, Interconnect] = {i.slug: i for i in (
     Interconnect(slug="ib-hdr", name="InfiniBand HDR, 8 x 200 Gb/s per node", node_bytes_per_s=8 * 25 * GB,
-                 latency_s=5e-6, efficiency=0.8),
+                 latency_s=5e-6, efficiency=IB_EFFICIENCY),
     Interconnect(slug="ib-ndr", name="InfiniBand NDR, 8 x 400 Gb/s per node", node_bytes_per_s=8 * 50 * GB,
-                 latency_s=5e-6, efficiency=0.8),
+                 latency_s=5e-6, efficiency=IB_EFFICIENCY),
     Interconnect(slug="ib-xdr", name="InfiniBand XDR, 8 x 800 Gb/s per node", node_bytes_per_s=8 * 100 * GB,
-                 latency_s=5e-6, efficiency=0.8),
+                 latency_s=5e-6, efficiency=IB_EFFICIENCY),
     Interconnect(slug="roce-400", name="RoCE v2, 8 x 400 Gb/s per node", node_bytes_per_s=8 * 50 * GB,
                  latency_s=8e-6, efficiency=0.7),
     Interconnect(slug="roce-200", name="RoCE v2, 8 x 200 Gb/s per node", node_bytes_per_s=8 * 25 * GB,

@@ -24,7 +24,8 @@ step around it:
   spends its time on, and a fixed cost per step (``GPU.step_overhead_seconds``: embedding, head,
   loss and the engine's bookkeeping, measured by ``dstk doctor --calibrate``);
 - **TP** all-reduces (reduce-scatter + all-gather under sequence parallelism, the same volume)
-  on the critical path, as Megatron-LM and DeepSpeed AutoTP issue them;
+  on the critical path, as DeepSpeed AutoTP issues them; Megatron runs its backward ones under
+  the weight-gradient GEMMs (``MegatronKernels``, ``tp_backward_exposed_seconds``);
 - **PP** point-to-point per micro-batch and boundary (x v interleaved) and the bubble
   ``(p - 1)/(m v)`` of the stage time (Narayanan et al. 2021 §2.2);
 - **DP**: see ``_dp_exposed_seconds`` and ``zero3_step_seconds``.
@@ -58,6 +59,10 @@ class LayerSeconds:
     flash: bool = False
     """The attention kernel is FlashAttention: its backward recomputes the scores (2.5x the
     forward's FLOPs, Dao 2023 §3.1), and there is nothing for selective recompute to repeat."""
+    column_gemm: float = 0.0
+    """Forward seconds of the column-parallel GEMMs (QKV and MLP in), part of ``gemm``: in backward
+    each runs a weight-gradient GEMM of the same size, which Megatron overlaps with the TP
+    collective of its input gradient (``MegatronKernels.async_tp_backward``)."""
 
     @property
     def forward(self) -> float:
@@ -97,9 +102,12 @@ def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_byt
     h, q, kv, f = facts.hidden, shape.q_width, shape.kv_width, shape.ffn
     up = max(float(f), facts.layer_matmul_active / h - (q + 2 * kv) - q - f)
     gated = up > 1.5 * f
-    gemm = 0.0
-    for m, k, n in ((tokens, h, (q + 2 * kv) / tp), (tokens, q / tp, h), (tokens, h, up / tp), (tokens, f / tp, h)):
-        gemm += tm.gemm_seconds(m=m, n=n, k=k, peak_flops=peak_flops, fraction=gpu.gemm_fraction(min(m, n, k)))
+    gemm = column = 0.0
+    for i, (m, k, n) in enumerate(((tokens, h, (q + 2 * kv) / tp), (tokens, q / tp, h), (tokens, h, up / tp),
+                                   (tokens, f / tp, h))):
+        one = tm.gemm_seconds(m=m, n=n, k=k, peak_flops=peak_flops, fraction=gpu.gemm_fraction(min(m, n, k)))
+        gemm += one
+        column += one if i in (0, 2) else 0.0
     score_flops = 4.0 * tokens * seq_len * q / tp
     scores = tokens * seq_len * (shape.heads / tp)
     if uses_flash(attention=attention, gpu=gpu):
@@ -113,7 +121,7 @@ def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_byt
                                                sp=sp, gated=gated, rotary=facts.rotary, dropout=shape.dropout)
     elementwise = tm.memory_seconds(nbytes=per_token * tokens, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
     return LayerSeconds(gemm=gemm, attention=attn, scores_memory=scores_memory, elementwise=elementwise,
-                        flash=uses_flash(attention=attention, gpu=gpu))
+                        flash=uses_flash(attention=attention, gpu=gpu), column_gemm=column)
 
 
 def head_seconds(*, facts, tokens: int, tp: int, act_bytes: int, gpu, peak_flops: float) -> float:
@@ -136,18 +144,49 @@ def zero3_step_seconds(*, forward_seconds: float, backward_seconds: float, gathe
     DeepSpeed gathers each module's parameters before its forward and again in backward (twice
     under full recompute: once for the recompute forward, once for the backward, the layer having
     been released in between), and reduce-scatters the gradients (ZeRO §7: 3 Psi per micro-batch,
-    4 Psi with full recompute). The overlap model: the forward gathers are prefetched behind the
-    forward compute (the larger of the two counts); the gradient reduce-scatter runs on its own
-    stream behind the backward compute (``overlap_comm``, the larger of the two); the
-    ``backward_gathers`` are exposed: the module that needs them is the next to run, so backward
-    waits for each. This is the model that reproduces Narayanan et al. 2021 Table 2, whose ZeRO-3
-    runs were communication bound: 88 and 44 TFLOP/s at 768 and 1536 GPUs are the same seconds per
-    step (benchmarks/estimate_published.py; the fully overlapped model predicts +22% at 384 GPUs,
-    the fully serial one -29%).
+    4 Psi with full recompute). All of it crosses the same link (a ring all-gather and a ring
+    reduce-scatter each send and receive ``(n - 1)/n`` of the bytes per rank), so the micro-batch
+    never takes less than the link's busy time, ``(1 + backward_gathers) G + R``. The overlap:
+
+    - forward: DeepSpeed prefetches the next module's parameters while the current one computes
+      (``stage3_prefetch_bucket_size``, 5e7 elements by default: at least the next parameter,
+      ``partitioned_param_coordinator.fetch_sub_module``), so forward takes ``max(K_f, G)``;
+    - backward: the gradient reduce-scatter runs on its own stream beside the backward compute
+      (``overlap_comm``): ``max(K_b, R)``; the ``backward_gathers`` are exposed, the module that
+      needs them being the next to run. DeepSpeed 0.19.8 also prefetches in backward once its
+      trace is complete (``fetch_sub_module``, ``is_complete_trace``); the runs below did not
+      hide those gathers, and no run of today's DeepSpeed at this scale has been measured, so the
+      model keeps them exposed (pessimistic if today's prefetch hides them).
+
+    Against Narayanan et al. 2021 Table 2 (DeepSpeed ZeRO-3 on 384-2240 A100s over 8 x HDR IB,
+    ``benchmarks/estimate_published.py``): at micro-batch 1 and 2 the runs sit on the link-bound
+    floor (175B: 88 and 44 TFLOP/s at 768 and 1536 GPUs are the same 66.7 s per step), at
+    micro-batch 4 the exposed backward gathers add to the compute; hiding the backward gathers
+    too (``max(K_b, 2G + R)``) would predict the 384-GPU row 35% fast.
     """
     forward = max(forward_seconds, gather_seconds)
     backward = max(backward_seconds, reduce_scatter_seconds) + backward_gathers * gather_seconds
     return forward + backward
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class MegatronKernels:
+    """What of Megatron-LM's own overlap a run has (the ``megatron`` engine; DeepSpeed's AutoTP
+    overlaps none of its TP collectives)."""
+
+    async_tp_backward: bool = True
+    """Backward TP collectives overlap the layer's GEMMs (``LinearWithGradAccumulationAndAsyncCommunication``,
+    merged into Megatron-LM on 2021-09-07, b462d2545d "slym/allreduce-overlap", on by default
+    since): without sequence parallelism a column-parallel layer's input-gradient all-reduce runs
+    while its weight-gradient GEMM does; with it the reduce-scatter runs under the weight-gradient
+    GEMM and the re-gather of the layer's input under the input-gradient GEMM, and only the
+    row-parallel layers' all-gathers of the output gradient are exposed. megatron-core keeps this
+    (``allreduce_dgrad``). The forward's collectives (and the recompute forward's) stay exposed."""
+
+
+MEGATRON_2021 = MegatronKernels(async_tp_backward=False)
+"""Megatron-LM as Narayanan et al. 2021 ran it (arXiv 2104.04473, April 2021: commit aed2f75e20
+of 2021-04-11 has no asynchronous TP communication): every TP collective on the critical path."""
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
@@ -162,16 +201,52 @@ class LayerPass:
     tp_forward: float
     """TP collectives in forward: two all-reduces (reduce-scatter + all-gather pairs under SP)."""
     tp_backward: float
-    """TP collectives in backward: two, and the forward's two again under full recompute."""
+    """Exposed TP collectives in backward: the forward's two again under full recompute, and the
+    backward's own two, less what runs under the GEMMs (``MegatronKernels.async_tp_backward``)."""
 
     @property
     def tp(self) -> float:
         return self.tp_forward + self.tp_backward
 
 
-def layer_pass_seconds(*, facts, layout, training, cluster, tp_style: str = "autotp") -> LayerPass:
+OVERLAPPED_TP_HIDDEN = 0.5
+"""Share of an overlapped TP collective's time that the GEMM under it hides on an A100. A collective
+running beside a GEMM takes SMs (NCCL runs one block per channel) and HBM bandwidth from it, so
+the pair takes longer than the GEMM alone. Calibrated once, on Korthikanti et al. 2022 Table 4 (one
+22B layer, TP 8, 2022 Megatron-LM): the measured backward of the five settings sits halfway
+between "both backward all-reduces exposed" and "both hidden" without SP (none 11.9 ms,
+selective 13.2, full 19.5), and at "exposed" with SP (11.8 / 13.1), where overlap adds a third
+collective (the input re-gather) to the link; one share, 0.5, gives all five within 2%
+(``benchmarks/estimate_published.py``)."""
+
+
+def tp_backward_exposed_seconds(*, one_seconds: float, column_gemm_seconds: float, sequence_parallel: bool,
+                                overlap: bool) -> float:
+    """Exposed seconds of one layer's own backward TP collectives (``one_seconds`` = one all-reduce of
+    the layer's ``b s h`` activations, or its reduce-scatter + all-gather pair under SP).
+
+    Without overlap both are exposed (``2 one``; Shoeybi et al. 2019: "two all-reduces in the
+    backward pass"). With Megatron's asynchronous communication (``MegatronKernels``) the
+    overlapped collectives are hidden by ``OVERLAPPED_TP_HIDDEN`` of their time, and never by more
+    than the GEMMs they run under: without SP the two input-gradient all-reduces (``2 one``) run
+    under the two column-parallel weight-gradient GEMMs (``column``); with SP the row-parallel
+    layers' two all-gathers of the output gradient (``one``) are exposed, and the column-parallel
+    layers' reduce-scatters and input re-gathers (``2 one``) run under their weight- and
+    input-gradient GEMMs (``2 column``)."""
+    if not overlap:
+        return 2.0 * one_seconds
+    if sequence_parallel:
+        overlapped, exposed, under = 2.0 * one_seconds, one_seconds, 2.0 * column_gemm_seconds
+    else:
+        overlapped, exposed, under = 2.0 * one_seconds, 0.0, column_gemm_seconds
+    return exposed + overlapped - min(under, OVERLAPPED_TP_HIDDEN * overlapped)
+
+
+def layer_pass_seconds(*, facts, layout, training, cluster, tp_style: str = "autotp",
+                       kernels: MegatronKernels = MegatronKernels()) -> LayerPass:
     """``LayerPass`` of one layer of ``facts`` under ``layout`` (what ``step_time`` multiplies by
-    the layers of a stage; Korthikanti et al. 2022 Table 4 measures the same quantity)."""
+    the layers of a stage; Korthikanti et al. 2022 Table 4 measures the same quantity).
+    ``kernels`` applies to the Megatron engine (``tp_style="megatron"``) only."""
     from dstk.estimate import _bandwidth
 
     gpu = cluster.gpu
@@ -193,8 +268,11 @@ def layer_pass_seconds(*, facts, layout, training, cluster, tp_style: str = "aut
     if tp > 1:
         bw, lat = _bandwidth(group=tp, stride=1, cluster=cluster)
         one = tm.ring_allreduce_seconds(nbytes=tokens * facts.hidden * w, ranks=tp, bandwidth=bw, latency=lat)
+    own = tp_backward_exposed_seconds(one_seconds=one, column_gemm_seconds=layer.column_gemm,
+                                      sequence_parallel=layout.sequence_parallel,
+                                      overlap=engine == "megatron" and kernels.async_tp_backward)
     return LayerPass(forward=fwd, backward=bwd, tp_forward=2 * one,
-                     tp_backward=(4 if layout.recompute == "full" else 2) * one)
+                     tp_backward=(2 * one if layout.recompute == "full" else 0.0) + own)
 
 
 def _dp_exposed_seconds(*, seconds: float, backward_seconds: float, bucket_seconds: float, overlap: bool) -> float:
@@ -209,8 +287,12 @@ def _dp_exposed_seconds(*, seconds: float, backward_seconds: float, bucket_secon
     return max(min(bucket_seconds, seconds), seconds - backward_seconds)
 
 
-def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "autotp"):
-    """``Time`` of one optimizer step of ``layout`` (see the module docstring for the model)."""
+def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "autotp",
+              kernels: MegatronKernels = MegatronKernels(), lora=None):
+    """``Time`` of one optimizer step of ``layout`` (see the module docstring for the model);
+    ``kernels``: the Megatron engine's overlap (``MegatronKernels``; ``MEGATRON_2021`` for the
+    Megatron-LM of Narayanan et al. 2021). ``lora``: ``dstk.estimate.lora.StepTerms`` when adapters
+    train on a frozen base (its deltas are applied at the four places marked "LoRA")."""
     from dstk.estimate import Time, _bandwidth, stage_layers, stage_params
 
     f = facts
@@ -222,7 +304,10 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
     recompute = layout.recompute
     megatron = tp_style == "megatron"
 
-    layer = layer_pass_seconds(facts=f, layout=layout, training=training, cluster=cluster, tp_style=tp_style)
+    layer = layer_pass_seconds(facts=f, layout=layout, training=training, cluster=cluster, tp_style=tp_style,
+                               kernels=kernels)
+    if lora is not None:  # LoRA: no weight gradients for the frozen base, the adapters' GEMMs
+        layer = dataclasses.replace(layer, backward=layer.backward + lora.layer_backward_seconds)
     pp_mb = 0.0
     if pp > 1:
         bw, lat = _bandwidth(group=2, stride=tp * dp, cluster=cluster)
@@ -246,6 +331,7 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
         fwd = n * layer.forward + (embed / 3 if i == 0 else 0.0) + (head / 3 if i == pp - 1 else 0.0)
         bwd = n * layer.backward + (2 * embed / 3 if i == 0 else 0.0) + (2 * head / 3 if i == pp - 1 else 0.0)
         bwd += tm.memory_seconds(nbytes=accumulate * ends, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
+        bwd += lora.stage_backward_seconds if lora is not None else 0.0  # LoRA: frozen embedding and head
         if fwd + bwd + n * layer.tp > stage_fwd + stage_bwd + stage_tp:
             stage_fwd, stage_bwd, stage_tp, stage_tp_fwd = fwd, bwd, n * layer.tp, n * layer.tp_forward
     mb_compute = stage_fwd + stage_bwd
@@ -256,6 +342,9 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
     worst = max(range(pp), key=lambda i: counts[i])
     worst_params = stage_params(f, layers=counts[worst], first=worst == 0, last=worst == pp - 1, tp=tp, pp=pp,
                                 tp_style=tp_style)
+    gathered_bytes = w * (worst_params + (lora.trainable if lora is not None else 0.0))
+    if lora is not None:  # LoRA: DP reduces and the optimizer updates the adapters only
+        worst_params = lora.trainable
     grad_bytes = w * worst_params
     dp_seconds = gather_seconds = offload_seconds = 0.0
     exposed_dp = exposed_zero3 = 0.0
@@ -264,13 +353,14 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
         bucket = tm.ring_allreduce_seconds(nbytes=w * min(buffers.reduce_bucket_size, worst_params), ranks=dp,
                                            bandwidth=bw, latency=lat)
         if layout.zero_stage == 3:
-            one = tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
+            one = tm.ring_gather_seconds(nbytes=gathered_bytes, ranks=dp, bandwidth=bw, latency=lat)
+            rs = tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)  # LoRA: adapters
             backward_gathers = 2 if recompute == "full" else 1
             gather_seconds = m * (1 + backward_gathers) * one
-            dp_seconds = m * one
+            dp_seconds = m * rs
             per_mb = zero3_step_seconds(forward_seconds=stage_fwd + stage_tp_fwd,
                                         backward_seconds=stage_bwd + stage_tp - stage_tp_fwd, gather_seconds=one,
-                                        reduce_scatter_seconds=one, backward_gathers=backward_gathers)
+                                        reduce_scatter_seconds=rs, backward_gathers=backward_gathers)
             exposed_zero3 = m * (per_mb - mb_compute - stage_tp)
         elif layout.zero_stage == 2:
             # DeepSpeed's stage 2 reduce-scatters in every micro-step (it keeps only a gradient
@@ -290,7 +380,7 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
         # fp32 gradients down, bf16 parameters up over PCIe, and the CPU optimizer's update.
         offload_seconds = (4 + w) * shard / gpu.host_bytes_per_s + shard / cluster.cpu_adam_params_per_s
         if layout.offload_params != "none":
-            offload_seconds += m * 2 * w * shard * dp / gpu.host_bytes_per_s
+            offload_seconds += m * 2 * gathered_bytes / gpu.host_bytes_per_s  # LoRA: the frozen base too
     else:
         per_param = tm.optimizer_step_bytes_per_param(optimizer=training.optimizer, precision=training.precision)
         optimizer_seconds = tm.memory_seconds(nbytes=per_param * shard, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
@@ -308,6 +398,9 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
                                                      attention_width=f.attention_width)
     model_flops_token, hw_flops_token = tm.training_flops(forward=fwd_token, attention_forward=attn_fwd,
                                                           recompute=recompute)
+    if lora is not None:  # LoRA: no base weight gradients (-2N), the adapters' 6 N_lora
+        model_flops_token += lora.flops_per_token
+        hw_flops_token += lora.flops_per_token
     recompute_factor = hw_flops_token / model_flops_token
     world = cluster.world_size
     model_flops_step = model_flops_token * tokens_step

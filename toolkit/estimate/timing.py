@@ -117,7 +117,8 @@ def grad_accumulation_bytes_per_param(*, engine: str, precision: str) -> float:
     """HBM bytes per parameter that every micro-batch's backward spends landing the weight
     gradients where the optimizer reads them, on top of the weight-gradient GEMMs: Megatron
     accumulates them into the contiguous fp32 ``main_grad`` buffer (read and write 4 bytes, fused
-    into the GEMM by ``gradient_accumulation_fusion``, Narayanan et al. 2021 §4.2); DeepSpeed
+    into the weight-gradient GEMM by ``gradient_accumulation_fusion``, Megatron-LM 83b1e42f30 of
+    2022-02-13; before it a separate ``main_grad.add_``, about as many bytes); DeepSpeed
     copies each 16-bit ``.grad`` into its contiguous reduce bucket (read and write ``w``;
     ``contiguous_gradients``, ZeRO-2/3) or accumulates it into ``.grad`` (ZeRO-0/1)."""
     if engine == "megatron":

@@ -1,0 +1,137 @@
+"""The step-time model's overlap terms (dstk.estimate.steptime) and the published-run benchmark
+(benchmarks/estimate_published.py): pure arithmetic, no torch."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+from dstk.estimate import _model_facts, estimate
+from dstk.estimate import steptime as st
+from dstk.hardware import IB_EFFICIENCY, Cluster, get_gpu, get_interconnect
+from dstk.layout import Layout, Training
+from dstk.models import family_module
+
+A100 = get_gpu("a100-80gb")
+
+
+def _bench():
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "estimate_published.py"
+    spec = importlib.util.spec_from_file_location("estimate_published_steptime", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclass looks its module up
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def _gpt(hidden=6144, heads=64, layers=48):
+    cfg = {"model_type": "gpt2", "n_embd": hidden, "n_layer": layers, "n_head": heads, "vocab_size": 51200,
+           "n_positions": 2048, "attn_pdrop": 0.1}
+    return family_module("gpt2").read(cfg, name=f"gpt-{hidden}")
+
+
+def _pass(*, sp=False, recompute="none", tp_style="megatron", kernels=st.MegatronKernels()):
+    cluster = Cluster(num_nodes=1, gpus_per_node=8, gpu=A100)
+    layout = Layout(tp=8, micro_batch=4, recompute=recompute, sequence_parallel=sp)
+    training = Training(seq_len=2048, global_batch=4, precision="fp16", attention="eager")
+    return st.layer_pass_seconds(facts=_model_facts(_gpt()), layout=layout, training=training, cluster=cluster,
+                                 tp_style=tp_style, kernels=kernels)
+
+
+# --- TP collectives in backward ------------------------------------------------------------------
+
+
+def test_exposed_backward_tp_by_overlap_and_sequence_parallelism():
+    """No overlap: both backward collectives exposed. Overlap: the hidden share of the overlapped
+    ones, never more than the GEMMs under them; with SP the row-parallel all-gathers stay exposed
+    and the re-gather adds a collective to the link."""
+    f = st.tp_backward_exposed_seconds
+    h = st.OVERLAPPED_TP_HIDDEN
+    assert f(one_seconds=1.0, column_gemm_seconds=5.0, sequence_parallel=False, overlap=False) == 2.0
+    assert f(one_seconds=1.0, column_gemm_seconds=5.0, sequence_parallel=True, overlap=False) == 2.0
+    assert f(one_seconds=1.0, column_gemm_seconds=5.0, sequence_parallel=False, overlap=True) == pytest.approx(2 - 2 * h)
+    assert f(one_seconds=1.0, column_gemm_seconds=0.2, sequence_parallel=False, overlap=True) == pytest.approx(1.8)
+    assert f(one_seconds=1.0, column_gemm_seconds=5.0, sequence_parallel=True, overlap=True) == pytest.approx(3 - 2 * h)
+    assert f(one_seconds=0.0, column_gemm_seconds=5.0, sequence_parallel=True, overlap=True) == 0.0
+
+
+def test_megatron_overlaps_backward_tp_and_megatron_2021_and_autotp_do_not():
+    """Megatron-LM since September 2021 runs the input-gradient all-reduce under the weight-gradient
+    GEMM; the April 2021 code (``MEGATRON_2021``) and DeepSpeed's AutoTP expose it. The forward's
+    collectives are exposed in all three; full recompute repeats them in backward."""
+    new, old = _pass(), _pass(kernels=st.MEGATRON_2021)
+    autotp = _pass(tp_style="autotp")
+    assert new.tp_forward == old.tp_forward == autotp.tp_forward > 0
+    assert old.tp_backward == pytest.approx(old.tp_forward) == pytest.approx(autotp.tp_backward)
+    assert new.tp_backward < 0.75 * old.tp_backward
+    assert _pass(tp_style="autotp", kernels=st.MEGATRON_2021).tp_backward == autotp.tp_backward
+    full_new, full_old = _pass(recompute="full"), _pass(recompute="full", kernels=st.MEGATRON_2021)
+    assert full_old.tp_backward == pytest.approx(2 * full_old.tp_forward)
+    assert full_new.tp_backward == pytest.approx(new.tp_backward + new.tp_forward)
+    # with SP at a hidden share of one half, the re-gather takes back what the overlap saves
+    assert _pass(sp=True).tp_backward == pytest.approx(_pass(sp=True, kernels=st.MEGATRON_2021).tp_backward)
+
+
+def test_column_gemm_is_the_qkv_and_mlp_in_share_of_the_forward_gemms():
+    layer = st.layer_seconds(facts=_model_facts(_gpt()), tokens=8192, seq_len=2048, tp=8, sp=1, act_bytes=2,
+                             attention="eager", gpu=A100, peak_flops=A100.peak_flops("fp16"))
+    # QKV 3h and MLP in 4h of the 12h^2 of a GPT layer's weights: 7/12 of the GEMM FLOPs
+    assert 0.5 * layer.gemm < layer.column_gemm < 0.65 * layer.gemm
+
+
+# --- ZeRO-3 --------------------------------------------------------------------------------------
+
+
+def test_zero3_micro_batch_is_never_shorter_than_the_link_and_exposes_the_backward_gathers():
+    f = st.zero3_step_seconds
+    # communication bound: the link's busy time, (1 + backward gathers) G + R
+    assert f(forward_seconds=1, backward_seconds=2, gather_seconds=10, reduce_scatter_seconds=10,
+             backward_gathers=2) == pytest.approx(40)
+    # compute bound: forward gathers and the reduce-scatter hidden, the backward gathers added
+    assert f(forward_seconds=30, backward_seconds=90, gather_seconds=10, reduce_scatter_seconds=10,
+             backward_gathers=2) == pytest.approx(30 + 90 + 20)
+    assert f(forward_seconds=30, backward_seconds=90, gather_seconds=10, reduce_scatter_seconds=10,
+             backward_gathers=1) == pytest.approx(30 + 90 + 10)
+
+
+def test_zero3_floor_follows_the_interconnect_efficiency():
+    """Communication bound (micro-batch 1 on 1536 GPUs), the step scales with 1/efficiency."""
+    spec = _gpt(hidden=12288, heads=96, layers=96)
+    training = Training(seq_len=2048, global_batch=1536, precision="fp16", attention="eager")
+    layout = Layout(dp=1536, zero_stage=3, micro_batch=1, recompute="full")
+    steps = []
+    for efficiency in (IB_EFFICIENCY, IB_EFFICIENCY / 2):
+        net = get_interconnect("ib-hdr")
+        net = type(net)(slug=net.slug, name=net.name, node_bytes_per_s=net.node_bytes_per_s,
+                        latency_s=net.latency_s, efficiency=efficiency)
+        cluster = Cluster(num_nodes=192, gpus_per_node=8, gpu=A100, interconnect=net)
+        steps.append(estimate(model=spec, layout=layout, training=training, cluster=cluster).time.step_seconds)
+    assert 1.8 < steps[1] / steps[0] < 2.05
+
+
+# --- the published runs --------------------------------------------------------------------------
+
+
+def test_korthikanti_table5_meets_the_goal_and_table4_backward_is_within_3_percent():
+    bench = _bench()
+    mean, worst = bench.summary(bench.korthikanti_rows())
+    assert mean <= 0.05 and worst <= 0.08
+    backward = [r for r in bench.korthikanti_layer_rows() if r.label.endswith("backward")]
+    assert len(backward) == 5 and all(abs(r.error) <= 0.03 for r in backward)
+
+
+def test_narayanan_table2_where_the_model_stands():
+    """The issue's goal is mean <= 5%, worst <= 8%; the model reaches mean 5.8%, worst 9.9%
+    (docs/estimate.md says what is left). These bounds fail on any change that makes it worse."""
+    bench = _bench()
+    rows = bench.narayanan_rows()
+    assert len(rows) == 12
+    mean, worst = bench.summary(rows)
+    assert mean <= 0.06 and worst <= 0.10
+    zero3 = [r for r in rows if r.label.startswith("ZeRO-3")]
+    assert bench.summary(zero3)[0] <= 0.045
+    ptdp = [r for r in rows if r.label.startswith("PTD-P")]
+    assert all(0 < r.error <= 0.09 for r in ptdp)
