@@ -88,11 +88,11 @@ def test_nearest_pyproject_with_a_dstk_table_wins_and_overrides_match_globs(tree
 
 
 def test_another_deepspeed_version_is_a_clear_warning(tree, capsys):
-    tree("pyproject.toml", '[tool.dstk]\ndeepspeed_version = "0.16.4"\n')
+    tree("pyproject.toml", '[tool.dstk]\ndeepspeed_version = "0.12.4"\n')  # older than any shipped schema
     path = tree("ds.json", '{"train_micro_batch_size_per_gpu": 1}')
     assert main(["validate", path]) == 0
     out = capsys.readouterr().out
-    assert "DS010" in out and "0.16.4" in out and "0.19.8" in out
+    assert "DS010" in out and "0.12.4" in out and "nearest, 0.14 (0.14.5)" in out
     assert main(["validate", path, "--strict"]) == 1
 
 

@@ -85,7 +85,33 @@ class ImportResult:
 # ---------------------------------------------------------------------------------------------- reading
 
 
+STDIN = "-"
+"""The path that means standard input (``dstk import -``, ``--from -``)."""
+STDIN_SOURCE = "<stdin>"
+"""How standard input is named in report lines and errors."""
+_MAX_STDIN_CHARS = 8 * 2**20
+
+
+def _read_stdin(stream=None) -> str:
+    import sys
+
+    stream = stream if stream is not None else sys.stdin
+    try:
+        text = stream.read(_MAX_STDIN_CHARS + 1)
+    except UnicodeDecodeError:
+        raise UsageError(f"{STDIN_SOURCE}: not UTF-8 text", hint="pipe the config file itself") from None
+    if len(text) > _MAX_STDIN_CHARS:
+        raise UsageError(f"{STDIN_SOURCE}: more than {_MAX_STDIN_CHARS:,} characters, not a training config",
+                         hint="pipe the config file itself, or give its path instead of -")
+    if not text.strip():
+        raise UsageError(f"{STDIN_SOURCE}: standard input is empty",
+                         hint="pipe the file into it (dstk import - < accelerate_config.yaml), or give its path")
+    return text
+
+
 def _read_text(path: str) -> str:
+    if path == STDIN:
+        return _read_stdin()
     try:
         with open(path, encoding="utf-8") as fh:
             return fh.read()
@@ -428,13 +454,15 @@ def _hf_common(r: _Reader, data: dict, *, handled: set[str]) -> None:
 def _resolve_path(r: _Reader, key: str, value: str, *, what: str) -> str:
     """A path as the tool would open it (relative to the working directory), else next to the file."""
     candidates = [value]
-    if not os.path.isabs(value):
+    if not os.path.isabs(value) and r.source != STDIN_SOURCE:
         candidates.append(os.path.join(os.path.dirname(os.path.abspath(r.source)), value))
     for candidate in candidates:
         if os.path.isfile(candidate):
             return candidate
-    raise DstkError(f"{key}: {what} {value!r} does not exist (looked in the working directory and next to "
-                    f"{os.path.basename(r.source)})", location=r.where(key),
+    beside = ("; standard input has no directory of its own" if r.source == STDIN_SOURCE
+              else f" and next to {os.path.basename(r.source)}")
+    raise DstkError(f"{key}: {what} {value!r} does not exist (looked in the working directory{beside})",
+                    location=r.where(key),
                     hint=f"fix the path in {key}, run dstk from the directory the tool runs in, or copy the file "
                          "next to the one you import")
 
@@ -1080,7 +1108,8 @@ def _flag_overrides(overrides: dict | None) -> dict[str, dict]:
 
 
 def import_file(path: str | os.PathLike, *, kind: str | None = None, overrides: dict | None = None) -> ImportResult:
-    """Read ``path`` and build the intent it implies. ``overrides`` are the command line's intent
+    """Read ``path`` (``-``: standard input, named ``<stdin>``; its format told from the content alone)
+    and build the intent it implies. ``overrides`` are the command line's intent
     values (``{"model": {"name": ...}, "cluster": {"gpus_per_node": 8, ...}}``); they win, and a
     model given there is not resolved from the file. Raises ``DstkError`` (exit 1) or ``UsageError``
     (exit 2) with the location and a fix; never writes anything."""
@@ -1088,6 +1117,8 @@ def import_file(path: str | os.PathLike, *, kind: str | None = None, overrides: 
 
     path = os.fspath(path)
     text = _read_text(path)
+    if path == STDIN:
+        path = STDIN_SOURCE
     data, key_lines = None, {}
     if kind is not None and kind not in KINDS:
         raise UsageError(f"--kind {kind}: unknown format", hint=f"one of {', '.join(KINDS)}")
@@ -1109,6 +1140,11 @@ def import_file(path: str | os.PathLike, *, kind: str | None = None, overrides: 
         if isinstance(data, str):  # a command line read as a YAML scalar
             data = None
     found = kind or detect_kind(text, data)
+    if found is None and path == STDIN_SOURCE:
+        raise UsageError(f"{STDIN_SOURCE}: cannot tell the format from the content (standard input has no file name "
+                         "to go by)", hint=f"name it: dstk import - --kind KIND (KIND: {', '.join(KINDS)}); for "
+                         "plan/generate/estimate/explain/finetune, pipe what it writes on: "
+                         "... | dstk import - --kind KIND | dstk plan -")
     if found is None:
         raise UsageError(f"{path}: not a format dstk imports",
                          hint=f"dstk reads {', '.join(KINDS)}; name one with --kind if detection missed it")

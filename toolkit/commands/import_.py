@@ -15,7 +15,8 @@ DESCRIPTION = (
     "run_clm.py-style flags, a Megatron argument list; a DeepSpeed JSON it names is followed) and write the dstk "
     "intent it implies, with one line per value carried, dropped (and why) or assumed. Values the file fixes "
     "(ZeRO stage, offload, micro-batch, tp/pp) become constraints. Flags win over the file. Local files only. "
-    "`dstk plan/generate/estimate --from FILE` do the same in memory. See docs/import.md."
+    "`dstk plan/generate/estimate/explain/finetune --from FILE` do the same in memory. FILE - is standard input. "
+    "See docs/import.md."
 )
 
 
@@ -23,7 +24,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     from dstk.commands.plan import add_intent_arguments
     from dstk.importers import KINDS
 
-    parser.add_argument("file", metavar="FILE", help="the file to import")
+    parser.add_argument("file", metavar="FILE",
+                        help="the file to import; - reads it from standard input (the format is told from the "
+                             "content; --kind when it cannot be)")
     parser.add_argument("--kind", choices=KINDS, help="the file's format (default: detected from its content)")
     parser.add_argument("--output", "-o", metavar="INTENT_YAML",
                         help="write the intent here (default: print it to stdout, the report to stderr)")
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             data["intent_yaml"] = text
         print(json.dumps(data, indent=2))
         return 0
-    lines = [f"{args.file}: {result.kind}"] + [f"  {line}" for line in report_lines(result)]
+    lines = [f"{result.source}: {result.kind}"] + [f"  {line}" for line in report_lines(result)]
     if args.output:
         lines.append(f"wrote {args.output}; next: dstk plan {args.output}")
         print("\n".join(lines))

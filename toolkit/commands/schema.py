@@ -7,10 +7,13 @@ import argparse
 import dataclasses
 import json
 
-HELP = "print the JSON Schema (draft 2020-12) of the DeepSpeed 0.19.8 config, or of the intent (--intent)"
+HELP = "print the JSON Schema (draft 2020-12) of a DeepSpeed release's config (0.14-0.19), or of the intent (--intent)"
 DESCRIPTION = (
-    "Print the JSON Schema that `dstk validate` checks against: every key DeepSpeed 0.19.8 reads, with types, "
-    "enums, ranges, defaults and descriptions; unknown keys are errors at every level. Point an editor at it "
+    "Print the JSON Schema that `dstk validate` checks against: every key one DeepSpeed release reads, with "
+    "types, enums, ranges, defaults and descriptions; unknown keys are errors at every level. --deepspeed-version "
+    "picks the release (0.14 to 0.19; default as for validate: [tool.dstk] deepspeed_version, the installed "
+    "deepspeed, a pin in requirements*.txt/pyproject.toml above the working directory, else the newest; the "
+    "choice is said on stderr). Save it (`dstk schema > deepspeed.schema.json`) and point an editor at it "
     "for completion. --pointer prints one section; --hf-auto lists the keys HF's Trainer fills when \"auto\". "
     "--intent prints the schema of the intent YAML instead (sections, fields, types, choices, defaults), derived "
     "from the intent's dataclasses: point an editor's YAML support at it to check intent files as you type."
@@ -20,6 +23,8 @@ DESCRIPTION = (
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--intent", action="store_true",
                         help="the JSON Schema of the intent YAML (plan/generate/explain input) instead")
+    parser.add_argument("--deepspeed-version", metavar="X",
+                        help="the DeepSpeed release (0.14 or 0.14.5: the nearest shipped minor, 0.14-0.19)")
     parser.add_argument("--pointer", metavar="PTR", default="",
                         help="print only this part of the schema, e.g. /properties/zero_optimization")
     parser.add_argument("--hf-auto", action="store_true",
@@ -56,16 +61,38 @@ def run(args: argparse.Namespace) -> int:
             for pointer, source in ACCELERATE_FILLS.items():
                 print(f"{pointer:<{width}}  {source} (accelerate only)")
         return 0
+    minor = _minor(args.deepspeed_version)
     if not args.pointer:
-        print(schema_text(), end="")
+        print(schema_text(minor), end="")
         return 0
     try:
-        node = subschema(args.pointer)
+        node = subschema(args.pointer, minor=minor)
     except (KeyError, TypeError):
         raise UsageError(f"no schema node at {args.pointer}",
                          hint="pointers look like /properties/zero_optimization/properties/stage") from None
     print(json.dumps(node, indent=2))
     return 0
+
+
+def _minor(flag: str | None) -> str:
+    """The shipped minor to print (``dstk.validate.versions.select``, as validate picks it for a file in the
+    working directory); the choice goes to stderr so that stdout stays the schema."""
+    import os
+    import sys
+
+    from dstk.errors import UsageError
+    from dstk.validate.project import settings_for
+    from dstk.validate.versions import select
+
+    here = os.path.join(os.getcwd(), "ds_config.json")
+    project = settings_for(here) if flag is None else None
+    try:
+        selection = select(flag=flag, project_version=project.deepspeed_version if project else None,
+                           project_source=project.source if project else None, config_path=here)
+    except ValueError as exc:
+        raise UsageError(str(exc), hint="e.g. --deepspeed-version 0.14 (shipped: 0.14 to 0.19)") from None
+    print(f"dstk schema: {selection.reason}", file=sys.stderr)
+    return selection.minor
 
 
 _NUMBER_TEXT = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
@@ -83,7 +110,7 @@ def _choices() -> dict[tuple[str, str], tuple]:
             ("training", "attention"): ATTENTIONS, ("training", "schedule"): SCHEDULES,
             ("constraints", "engine"): ENGINES, ("constraints", "recompute"): RECOMPUTES,
             ("constraints", "offload_optimizer"): OFFLOADS, ("constraints", "offload_params"): OFFLOADS,
-            ("constraints", "zero_stage"): (0, 1, 2, 3)}
+            ("constraints", "zero_stage"): (0, 1, 2, 3), ("training", "lora_bits"): (4,)}
 
 
 _BOUNDS: dict[tuple[str, str], dict] = {
@@ -92,6 +119,8 @@ _BOUNDS: dict[tuple[str, str], dict] = {
     ("training", "lr"): {"exclusiveMinimum": 0}, ("training", "eps"): {"exclusiveMinimum": 0},
     ("training", "min_lr_ratio"): {"minimum": 0, "maximum": 1}, ("training", "weight_decay"): {"minimum": 0},
     ("training", "grad_clip"): {"minimum": 0}, ("constraints", "memory_headroom"): {"minimum": 0, "maximum": 0.9},
+    ("training", "lora_alpha"): {"exclusiveMinimum": 0},
+    ("training", "lora_dropout"): {"minimum": 0, "exclusiveMaximum": 1},
 }
 """Ranges of the number fields, as the ``__post_init__`` checks of ``dstk.intent`` state them. Every integer
 field other than zero_stage is a count (``_positive``): minimum 1."""

@@ -12,14 +12,19 @@ from dstk.errors import DstkError, UsageError
 
 HELP = "rewrite removed and renamed DeepSpeed config keys; show the diff, write with --write"
 DESCRIPTION = (
-    "Rewrite what DeepSpeed 0.19.8 removed or renamed (the tables `dstk validate` uses: DS105 removed keys, DS106 "
+    "Rewrite what the target DeepSpeed release (0.14-0.19; --deepspeed-version, else chosen as `dstk validate` "
+    "chooses) removed or renamed (the tables `dstk validate` uses: DS105 removed keys, DS106 "
     "legacy forms): removed top-level and ZeRO keys are deleted, `bfloat16` becomes `bf16`, `zero_optimization: "
     "true` becomes a stage, `cpu_offload`/`cpu_offload_param` become offload blocks, "
     "`stage3_gather_fp16_weights_on_model_save` becomes `stage3_gather_16bit_weights_on_model_save`. Prints a "
     "unified diff; --write replaces the file atomically and keeps a backup. Exit 0, 1 when the result still "
     "has validation errors, 2 on usage errors."
 )
-TARGETS = ("0.19.8",)
+TARGETS = ("0.14", "0.15", "0.16", "0.17", "0.18", "0.19")
+"""The releases whose key tables ship (``dstk.validate.versions.SHIPPED``; 0.14.5 etc. take their minor)."""
+RENAMED_TOP_LEVEL = {"seq_parallel_comm_data_type": "seq_parallel_communication_data_type"}
+"""Top-level keys renamed between releases (``runtime/constants.py`` ``SEQ_PARALLEL_COMMUNICATION_DATA_TYPE``
+holds the old name in 0.14-0.15, the new one from 0.16): renamed when the target reads only the new name."""
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
@@ -34,8 +39,9 @@ class Change:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", metavar="CONFIG", help="a DeepSpeed JSON config (- reads standard input)")
-    parser.add_argument("--deepspeed-version", default=TARGETS[-1], metavar="X",
-                        help=f"target release (supported: {', '.join(TARGETS)})")
+    parser.add_argument("--deepspeed-version", default=None, metavar="X",
+                        help=f"target release ({', '.join(TARGETS)}, or a patch release of one); default as for "
+                             "validate: [tool.dstk] deepspeed_version, the installed deepspeed, a pin, else the newest")
     parser.add_argument("--write", action="store_true", help="replace the file (atomically; CONFIG.bak keeps the old)")
     parser.add_argument("--format", choices=["human", "json"], default="human")
 
@@ -55,14 +61,26 @@ def upgrade_config(config: dict) -> tuple[dict, list[Change]]:
     ``cpu_offload_use_pin_memory`` -> ``pin_memory`` of those blocks, ``stage3_gather_fp16_weights_on_model_save``
     -> ``stage3_gather_16bit_weights_on_model_save``), ``bfloat16`` -> ``bf16`` (``runtime/config.py`` reads
     ``bfloat16`` only when ``bf16`` is absent) and the boolean ``zero_optimization`` (stage 0 or 1)."""
-    from dstk.validate.rules import REMOVED_TOP_LEVEL, REMOVED_ZERO
+    from dstk.validate.rules import removed_tables
+    from dstk.validate.schema import load_schema
 
+    REMOVED_TOP_LEVEL, REMOVED_ZERO, _ = removed_tables()  # the target release's (dstk.validate.schema.using)
     changes: list[Change] = []
     out = dict(config)
     for key, why in REMOVED_TOP_LEVEL.items():
         if key in out:
             del out[key]
             changes.append(Change(pointer=f"/{key}", action="removed", why=why))
+    target_keys = load_schema()["properties"]
+    for old, new in RENAMED_TOP_LEVEL.items():
+        if old in out and old not in target_keys and new in target_keys:
+            if new in out:
+                del out[old]
+                changes.append(Change(pointer=f"/{old}", action="removed", why=f"'{new}' is set"))
+            else:
+                out = _rename(out, old, new, out[old])
+                changes.append(Change(pointer=f"/{old}", action="renamed",
+                                      why=f"DeepSpeed {load_schema()['x-dstk-deepspeed-version']} reads it as '{new}'"))
     if "bfloat16" in out:
         if "bf16" in out:
             del out["bfloat16"]
@@ -147,14 +165,32 @@ def _write(path: str, text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from dstk.validate.project import settings_for
+    from dstk.validate.schema import using
+    from dstk.validate.versions import select
+
+    path = args.config
+    where = os.path.join(os.getcwd(), "ds_config.json") if path == "-" else path
+    project = settings_for(where) if args.deepspeed_version is None else None
+    try:
+        selection = select(flag=args.deepspeed_version, project_version=project.deepspeed_version if project else None,
+                           project_source=project.source if project else None, config_path=where)
+    except ValueError as exc:
+        raise UsageError(f"--deepspeed-version: {exc}",
+                         hint=f"dstk has the key tables of {', '.join(TARGETS)}") from None
+    if selection.nearest:
+        raise UsageError(f"DeepSpeed {selection.requested}: dstk has the key tables of {', '.join(TARGETS)} only",
+                         hint=f"pass --deepspeed-version with one of {', '.join(TARGETS)}")
+    args.deepspeed_version = selection.release
+    with using(selection.minor):
+        return _upgrade(args, path)
+
+
+def _upgrade(args: argparse.Namespace, path: str) -> int:
     import difflib
 
     from dstk.validate import validate_config
 
-    if args.deepspeed_version not in TARGETS:
-        raise UsageError(f"--deepspeed-version {args.deepspeed_version}: dstk has the key tables of "
-                         f"{', '.join(TARGETS)} only", hint=f"use --deepspeed-version {TARGETS[-1]}")
-    path = args.config
     if path == "-":  # standard input: the diff (or JSON) as usual; there is no file to rewrite
         if args.write:
             raise UsageError("--write with - : standard input cannot be rewritten",

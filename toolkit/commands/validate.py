@@ -9,9 +9,11 @@ import sys
 
 from dstk.errors import EXIT_INVALID, EXIT_OK, DstkError, UsageError
 
-HELP = "check DeepSpeed config files against the 0.19.8 schema and the cross-field rules"
+HELP = "check DeepSpeed config files against the schema of your DeepSpeed release (0.14-0.19) and the cross-field rules"
 DESCRIPTION = (
-    "Check DeepSpeed 0.19.8 config files (JSON or hjson, as DeepSpeed reads them): every key against the "
+    "Check DeepSpeed config files (JSON or hjson, as DeepSpeed reads them) against one release's schema (0.14-0.19: "
+    "--deepspeed-version, else [tool.dstk] deepspeed_version, the installed deepspeed, a pin in the repository, "
+    "the newest; said on stderr): every key against the "
     "schema of what DeepSpeed reads (unknown keys are errors at every level), removed keys, \"auto\", the batch "
     "triad against the data-parallel size (world size / (TP x PP)), precision, ZeRO/offload, pipeline, AutoTP, "
     "optimizer and scheduler names and parameters. All findings of all files are reported. Settings (ignored "
@@ -54,12 +56,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--training-args", metavar="FILE",
                         help="training_args.json (TrainingArguments.to_json_string()): report every explicit value "
                              "that disagrees with it (DS240) and optimizer/scheduler blocks that replace it (DS241)")
+    parser.add_argument("--deepspeed-version", metavar="X",
+                        help="check against this DeepSpeed release's schema (0.14 or 0.14.5: the nearest shipped minor, "
+                             "0.14-0.19); default: [tool.dstk] deepspeed_version, else the installed deepspeed, else a "
+                             "pin in the repository's requirements*.txt/pyproject.toml, else the newest")
+    parser.add_argument("--gpu", metavar="SLUG",
+                        help="the GPU the config trains on (a slug from `dstk gpus`, or a unique prefix: v100): "
+                             "precision it lacks is DS250 (bf16 on a V100); also gpu = \"...\" in [tool.dstk]")
 
 
 def run(args: argparse.Namespace) -> int:
     from dstk.findings import Finding, has_errors, render_github, render_text
     from dstk.validate import read_document, validate_document
-    from dstk.validate.project import SHIPPED_DEEPSPEED, Settings, parse_codes, settings_for, version_finding
+    from dstk.validate.project import Settings, parse_codes, settings_for
+    from dstk.validate.schema import using
+    from dstk.validate.versions import nearest_finding, select
     from dstk.validate.source import STDIN_LOCATION, read_stdin
 
     cli_ignore = frozenset().union(*(parse_codes(text, where="--ignore") for text in args.ignore))
@@ -91,7 +102,13 @@ def run(args: argparse.Namespace) -> int:
             where = path
         project = Settings() if args.no_project else settings_for(where)
         options = _options(args, project)
-        findings = validate_document(doc, **options)
+        try:
+            selection = select(flag=args.deepspeed_version, project_version=project.deepspeed_version,
+                               project_source=project.source, config_path=where)
+        except ValueError as exc:
+            raise UsageError(str(exc), hint="e.g. --deepspeed-version 0.14 (shipped: 0.14 to 0.19)") from None
+        with using(selection.minor):
+            findings = validate_document(doc, **options)
         if training_args is not None and isinstance(doc.config, dict):
             from dstk.validate import locate
             from dstk.validate.training_args import training_args_findings
@@ -99,18 +116,26 @@ def run(args: argparse.Namespace) -> int:
             findings += locate(training_args_findings(doc.config, training_args,
                                                       world_size=options["world_size"]), doc)
             findings.sort(key=lambda f: (f.line is None, f.line or 0, f.column or 0))
-        extra = version_finding(project)
+        gpu_slug = args.gpu or project.gpu
+        if gpu_slug and isinstance(doc.config, dict):
+            from dstk.validate import locate
+            from dstk.validate.gpu import gpu_findings, resolve_gpu
+
+            gpu = resolve_gpu(gpu_slug, where="--gpu" if args.gpu else f"{project.source} [tool.dstk] gpu =")
+            findings += locate(gpu_findings(doc.config, gpu=gpu, training_args=training_args), doc)
+            findings.sort(key=lambda f: (f.line is None, f.line or 0, f.column or 0))
+        extra = nearest_finding(selection)
         if extra is not None:
             findings.insert(0, extra)
         results.append(dict(path=path, doc=doc, findings=findings, options=options, project=project,
-                            ignore=cli_ignore | project.ignore, data=data))
+                            ignore=cli_ignore | project.ignore, data=data, selection=selection))
     if unreadable and not results:
         path, why = unreadable[0]
         raise UsageError(f"cannot read {path}: {why}", hint="pass paths of readable config files")
     for path, why in unreadable:
         print(f"error: cannot read {path}: {why}", file=sys.stderr)
 
-    verdicts = _deepspeed_verdicts(results) if args.deepspeed else {}
+    verdicts = _deepspeed_verdicts(results, training_args=training_args) if args.deepspeed else {}
     for r in results:
         ds = verdicts.get(r["path"])
         if ds is not None and not ds["accepted"]:
@@ -127,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
         valid = not has_errors(findings, strict=args.strict)
         invalid |= not valid
         entry = {"path": path, "valid": valid, "findings": [f.to_dict() for f in findings],
-                 "deepspeed_schema": SHIPPED_DEEPSPEED}
+                 "deepspeed_schema": r["selection"].release, "deepspeed_version": r["selection"].to_dict()}
         if r["ignored"]:
             entry["ignored"] = r["ignored"]
         if r["project"].source:
@@ -136,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
             entry["deepspeed"] = verdicts[path]
         files.append(entry)
         if args.format in ("text", "human"):
+            if r["selection"].reason != (files[-2]["deepspeed_version"]["reason"] if len(files) > 1 else None):
+                print(f"{path}: checked against {r['selection'].reason}", file=sys.stderr)
             if findings:
                 print(render_text(path, findings))
             ds = verdicts.get(path)
@@ -159,8 +186,11 @@ def run(args: argparse.Namespace) -> int:
         from dstk.findings import render_sarif
         from dstk.validate.codes import CODES
 
-        print(render_sarif([(r["path"], r["findings"]) for r in results], rules=CODES, tool="dstk",
-                           version=__version__))
+        sarif = json.loads(render_sarif([(r["path"], r["findings"]) for r in results], rules=CODES, tool="dstk",
+                                        version=__version__))
+        sarif["runs"][0]["properties"] = {"deepspeedVersions": [{"path": r["path"], **r["selection"].to_dict()}
+                                                                for r in results]}
+        print(json.dumps(sarif, indent=2))
     if unreadable:
         return 2
     return EXIT_INVALID if invalid else EXIT_OK
@@ -177,9 +207,11 @@ def _options(args: argparse.Namespace, project) -> dict:
                 hf=pick(args.hf, project.hf, False))
 
 
-def _deepspeed_verdicts(results: list[dict]) -> dict:
+def _deepspeed_verdicts(results: list[dict], *, training_args: dict | None = None) -> dict:
     """DeepSpeed's verdict on each file, given the file itself (DeepSpeed reads it with hjson and its
-    duplicate-key check), except under --hf, where transformers' filler needs the parsed dict first."""
+    duplicate-key check), except under --hf, where ``"auto"`` is first filled as the Trainer fills it from
+    what is known (``fill_auto``: the file, --training-args, --world-size; nothing invented) and the filled
+    dict is handed over; each ``"auto"`` nothing fills is a DS242 warning added to the file's findings."""
     import subprocess
 
     from dstk.errors import require_train_stack
@@ -198,7 +230,13 @@ def _deepspeed_verdicts(results: list[dict]) -> dict:
         if o["hf"]:
             if not isinstance(r["doc"].config, dict):
                 continue
-            jobs.append({"config": r["doc"].config, "dp": 1, "fill": True})
+            from dstk.validate import locate
+            from dstk.validate.training_args import fill_auto, unfilled_findings
+
+            filled = fill_auto(r["doc"].config, training_args=training_args, world_size=o["world_size"])
+            r["findings"] += locate(unfilled_findings(filled), r["doc"])
+            r["findings"].sort(key=lambda f: (f.line is None, f.line or 0, f.column or 0))
+            jobs.append({"config": filled.config, "dp": dp, "fill": False})
         elif r["data"] is not None:  # standard input: DeepSpeed reads a file, so give it the same bytes as one
             copy = os.path.join(tmp.name, "stdin.json")
             with open(copy, "wb") as fh:

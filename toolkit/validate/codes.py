@@ -16,7 +16,7 @@ CODES: dict[str, tuple[str, str]] = {
     'DS007': ('error', 'duplicate key (DeepSpeed rejects the file; json.load keeps the last)'),
     'DS008': ('warning', 'hjson-only syntax (HF/accelerate read the file with json.load)'),
     'DS009': ('error', "`NaN`, `Infinity`, a number too large for a float (`1e400`) or an integer of more than 4300 digits (DeepSpeed's reader rejects them)"),
-    'DS010': ('warning', "`[tool.dstk] deepspeed_version` names a release whose schema is not shipped (0.19.8's is used)"),
+    'DS010': ('warning', "the DeepSpeed release asked for has no shipped schema (0.14-0.19): the nearest one is used"),
     'DS101': ('error', 'unknown key, at any level (did-you-mean, or the section it belongs to); unknown optimizer/scheduler parameter'),
     'DS102': ('error', 'wrong type (`"1e-3"` for a learning rate, `"true"` for a bool, a Python-only field)'),
     'DS103': ('error', 'value not in the allowed set (did-you-mean)'),
@@ -58,6 +58,8 @@ CODES: dict[str, tuple[str, str]] = {
     'DS234': ('warning', '`aio.use_gds` (asserts a CUDA accelerator at parse time)'),
     'DS240': ('error', 'an explicit value disagrees with `--training-args` (the Trainer\'s mismatch error at `deepspeed.initialize`)'),
     'DS241': ('warning', '`optimizer` / `scheduler` block replaces `--training-args`\' `optim` / `lr_scheduler_type`'),
+    'DS242': ('warning', '`--hf --deepspeed`: an `"auto"` the Trainer fills from something not given (a training argument, the world size, the model\'s hidden size), so DeepSpeed checked the file without it'),
+    'DS250': ('error/warning', 'precision the `--gpu` lacks: bf16 on a GPU without bf16 (V100), fp16 on CPU ranks'),
     'DS301': ('error', "DeepSpeed's own parser (`--deepspeed`) rejects the file"),
 }
 """code -> (severity: "error", "warning" or "error/warning", description in Markdown)."""

@@ -9,8 +9,10 @@ DeepSpeedConfig ignores its ``mpu`` unless ``deepspeed.comm`` is initialised (``
 starts a 1-rank gloo group and passes an mpu that reports that size (/work/shared/ENVIRONMENT.md). At size
 1 it starts no group: ``deepspeed.init_distributed`` builds the ``deepspeed_shm_comm`` op on the CPU
 accelerator (``comm/torch.py`` ``build_shm_op``; minutes on a cold cache), which the parse does not need.
-With ``fill_hf`` the ``"auto"`` values are first filled by transformers' own ``HfTrainerDeepSpeedConfig``
-(at world size 1, so the triad is parsed at dp 1).
+A job with ``fill`` has its ``"auto"`` values filled by transformers' own ``HfTrainerDeepSpeedConfig`` with
+default ``TrainingArguments`` first (``hf_fill``: any values, for tests that only need DeepSpeed to parse an HF
+file). ``dstk validate --hf --deepspeed`` does not use it: it fills with ``dstk.validate.training_args.fill_auto``
+from what the user gave, and hands over the filled dict.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ def _init_group() -> None:
 
 
 def hf_fill(config: dict, *, hidden_size: int = 64, num_training_steps: int = 100) -> dict:
-    """Fill ``"auto"`` the way transformers' Trainer does, with default ``TrainingArguments``."""
+    """Fill ``"auto"`` the way transformers' Trainer does, with default ``TrainingArguments``, a made-up hidden size
+    and step count: for a parse that needs some values, never for a report (see ``training_args.fill_auto``)."""
     import types
 
     from transformers import TrainingArguments

@@ -4,7 +4,8 @@
     ignore = ["DS111"]            # finding codes to drop
     world_size = 8                # as --world-size; also tensor_parallel, pipeline_stages
     hf = true                     # as --hf
-    deepspeed_version = "0.19.8"  # read and reported; only 0.19.8's schema ships (another: a DS010 warning)
+    gpu = "v100-32gb"             # as --gpu: precision the GPU lacks is an error (DS250)
+    deepspeed_version = "0.16"    # check against DeepSpeed 0.16's schema (0.14-0.19 ship; see versions.py)
 
     [[tool.dstk.overrides]]       # per-file settings; later tables win
     files = ["configs/hf/*.json"] # globs relative to the pyproject.toml's directory
@@ -27,10 +28,7 @@ import re
 
 from dstk.errors import UsageError
 
-SHIPPED_DEEPSPEED = "0.19.8"
-"""The DeepSpeed release whose schema dstk ships."""
-
-_SETTINGS = {"ignore": list, "world_size": int, "tensor_parallel": int, "pipeline_stages": int, "hf": bool}
+_SETTINGS = {"ignore": list, "world_size": int, "tensor_parallel": int, "pipeline_stages": int, "hf": bool, "gpu": str}
 _TOP_ONLY = {"deepspeed_version": str, "overrides": list}
 _CODE = re.compile(r"^DS\d{3}$")
 
@@ -45,8 +43,11 @@ class Settings:
     tensor_parallel: int | None = None
     pipeline_stages: int | None = None
     hf: bool | None = None
+    gpu: str | None = None
+    """As ``--gpu``: the catalog slug of the GPU the configs train on (precision checks, DS250)."""
     deepspeed_version: str | None = None
-    """What the project asked for; only ``SHIPPED_DEEPSPEED`` is available."""
+    """The DeepSpeed release the project targets (``dstk.validate.versions.select``: after the flag, before the
+    installed deepspeed and pins)."""
     source: str | None = None
     """The pyproject.toml these came from."""
 
@@ -149,18 +150,3 @@ def settings_for(config_path: str | os.PathLike, *, pyproject: str | None = None
             merged.update(rest)
     return Settings(ignore=frozenset(ignore), deepspeed_version=table.get("deepspeed_version"), source=pyproject,
                     **merged)
-
-
-def version_finding(settings: Settings):
-    """A DS010 warning when the project asks for a DeepSpeed whose schema is not shipped."""
-    from dstk.findings import Finding
-
-    wanted = settings.deepspeed_version
-    if wanted is None or wanted.strip().lstrip("=v") == SHIPPED_DEEPSPEED:
-        return None
-    return Finding(severity="warning", code="DS010",
-                   message=f"{settings.source} asks for DeepSpeed {wanted}, but only the {SHIPPED_DEEPSPEED} schema "
-                           f"ships with this dstk: checked against {SHIPPED_DEEPSPEED}, so keys added or removed "
-                           "between the two may be judged wrongly",
-                   hint=f'set deepspeed_version = "{SHIPPED_DEEPSPEED}" in [tool.dstk], or check with `dstk validate '
-                        '--deepspeed` against the DeepSpeed you install')

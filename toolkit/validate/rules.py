@@ -191,22 +191,33 @@ def _auto_finding(pointer: str, config: dict, ctx: Context) -> list[Finding]:
                  "fails on it", "write the value (`dstk schema --hf-auto` lists what HF fills)")]
 
 
+def removed_tables() -> tuple[dict, dict, str]:
+    """The checked release's removed keys (its schema's ``x-dstk-removed``, from its own ``runtime/config.py``;
+    empty before 0.19) with dstk's short reasons, and the release."""
+    schema = load_schema()
+    table = schema.get("x-dstk-removed", {})
+    top = {k: REMOVED_TOP_LEVEL.get(k, "removed") for k in table.get("top_level", ())}
+    zero = {k: REMOVED_ZERO.get(k, "removed") for k in table.get("zero_optimization", ())}
+    return top, zero, schema["x-dstk-deepspeed-version"]
+
+
 def split_removed(config: dict) -> tuple[dict, list[Finding]]:
     findings = []
     config = dict(config)
-    for key, why in REMOVED_TOP_LEVEL.items():
+    removed_top, removed_zero, release = removed_tables()
+    for key, why in removed_top.items():
         if key in config:
             config.pop(key)
-            findings.append(_err("DS105", f"/{key}", f"'{key}' was removed in DeepSpeed 0.19.8 ({why}); "
+            findings.append(_err("DS105", f"/{key}", f"'{key}' was removed in DeepSpeed {release} ({why}); "
                                  "DeepSpeedConfig raises DeepSpeedConfigError on it", f"remove '{key}'"))
     zero = config.get("zero_optimization")
     if isinstance(zero, dict):
         zero = dict(zero)
-        for key, why in REMOVED_ZERO.items():
+        for key, why in removed_zero.items():
             if key in zero:
                 zero.pop(key)
                 findings.append(_err("DS105", f"/zero_optimization/{key}", f"'{key}' was removed in DeepSpeed "
-                                     f"0.19.8 ({why}); DeepSpeedConfig raises on it", f"remove '{key}'"))
+                                     f"{release} ({why}); DeepSpeedConfig raises on it", f"remove '{key}'"))
         config["zero_optimization"] = zero
     return config, findings
 
@@ -235,7 +246,7 @@ def deprecated(config: dict, ctx: Context) -> Iterable[Finding]:
             child = f"{pointer}/{key}"
             if sub.get("deprecated") and child != "/bfloat16":
                 new = sub.get("x-dstk-replaced-by")
-                yield _err("DS106", child, f"'{key}' is deprecated in DeepSpeed 0.19.8",
+                yield _err("DS106", child, f"'{key}' is deprecated in DeepSpeed {load_schema()['x-dstk-deepspeed-version']}",
                            f"use '{new}'" if new else "remove it", severity="warning")
             yield from walk(value, sub, child)
 

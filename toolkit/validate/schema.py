@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import difflib
 import functools
 import json
@@ -9,27 +11,62 @@ import math
 
 from dstk.findings import Finding
 from dstk.resources import data_file
+from dstk.validate.versions import NEWEST, SHIPPED
 
-SCHEMA_NAME = "deepspeed-0.19.8.schema.json"
+_MINOR: contextvars.ContextVar[str] = contextvars.ContextVar("dstk_deepspeed_minor", default=NEWEST)
+"""The DeepSpeed minor release (a key of ``versions.SHIPPED``) that the checks use; :func:`using` sets it."""
+
+
+def schema_name(minor: str) -> str:
+    return f"deepspeed-{minor}.schema.json"
+
+
+def current_minor() -> str:
+    return _MINOR.get()
+
+
+@contextlib.contextmanager
+def using(minor: str):
+    """Check against DeepSpeed ``minor``'s schema and key tables inside the block."""
+    if minor not in SHIPPED:
+        raise ValueError(f"no shipped schema for DeepSpeed {minor!r} ({', '.join(SHIPPED)})")
+    token = _MINOR.set(minor)
+    try:
+        yield
+    finally:
+        _MINOR.reset(token)
+
+
+def schema_text(minor: str | None = None) -> str:
+    return _schema_text(minor or current_minor())
 
 
 @functools.cache
-def schema_text() -> str:
-    return data_file(SCHEMA_NAME).read_text(encoding="utf-8")
+def _schema_text(minor: str) -> str:
+    return data_file(schema_name(minor)).read_text(encoding="utf-8")
+
+
+def load_schema(minor: str | None = None) -> dict:
+    """The shipped schema of ``minor`` (default: the one :func:`using` selected, else the newest)."""
+    return _load(minor or current_minor())
 
 
 @functools.cache
-def load_schema() -> dict:
-    return json.loads(schema_text())
+def _load(minor: str) -> dict:
+    return json.loads(_schema_text(minor))
 
 
-@functools.cache
 def _validator(pointer: str = ""):
+    return _validator_for(current_minor(), pointer)
+
+
+@functools.cache
+def _validator_for(minor: str, pointer: str):
     """What checks an instance against the schema (or its part at ``pointer``): dstk's own checker of the
     keywords the schema uses (:mod:`dstk.validate.checker`; jsonschema is the oracle in its tests)."""
     from dstk.validate import checker
 
-    schema = subschema(pointer) if pointer else load_schema()
+    schema = subschema(pointer, minor=minor) if pointer else load_schema(minor)
     return _Checker(schema, checker.iter_errors)
 
 
@@ -44,16 +81,20 @@ class _Checker:
         return self._iter(instance, self.schema)
 
 
-def subschema(pointer: str) -> dict:
-    node = load_schema()
+def subschema(pointer: str, *, minor: str | None = None) -> dict:
+    node = load_schema(minor)
     for part in pointer.strip("/").split("/"):
         node = node[part.replace("~1", "/").replace("~0", "~")]
     return node
 
 
-@functools.cache
-def key_index() -> dict[str, tuple[str, ...]]:
+def key_index(minor: str | None = None) -> dict[str, tuple[str, ...]]:
     """Every property name in the schema -> the pointers of the sections that define it."""
+    return _key_index(minor or current_minor())
+
+
+@functools.cache
+def _key_index(minor: str) -> dict[str, tuple[str, ...]]:
     index: dict[str, list[str]] = {}
 
     def walk(node: dict, pointer: str) -> None:
@@ -62,8 +103,25 @@ def key_index() -> dict[str, tuple[str, ...]]:
             if isinstance(sub, dict):
                 walk(sub, f"{pointer}/{name}")
 
-    walk(load_schema(), "")
+    walk(load_schema(minor), "")
     return {k: tuple(v) for k, v in index.items()}
+
+
+def releases_with(pointer: str, key: str) -> list[str]:
+    """The other shipped minors whose schema has ``key`` in the section at ``pointer`` (a document pointer,
+    "" for the top level): the hint for a key that one release reads and the chosen one does not."""
+    out = []
+    for minor in SHIPPED:
+        if minor == current_minor():
+            continue
+        node = load_schema(minor)
+        for part in [p for p in pointer.split("/") if p]:
+            node = node.get("properties", {}).get(part.replace("~1", "/").replace("~0", "~"))
+            if not isinstance(node, dict):
+                break
+        if isinstance(node, dict) and key in node.get("properties", {}):
+            out.append(minor)
+    return out
 
 
 def did_you_mean(word: str, choices) -> str | None:
@@ -179,6 +237,10 @@ keys of one object: past that the object is not a config with typos, and a file 
 must not cost 200,000 x (keys of the section) string comparisons."""
 
 
+def _span(minors: list[str]) -> str:
+    return minors[0] if len(minors) == 1 else f"{minors[0]}-{minors[-1]}" if len(minors) > 2 else " and ".join(minors)
+
+
 def _where(section: str) -> str:
     return "at the top level" if section == "/" else f"under {section}"
 
@@ -204,13 +266,19 @@ def _unknown_keys(value: dict, schema: dict, *, pointer: str, what: str) -> list
             out.append(_comment_key(key, child, section, rejects=rejects, what=what))
             continue
         guess = None
+        budget = guesses < MAX_GUESSES_PER_OBJECT  # also bounds the look-up in the other releases' schemas
         if key.lower() in lower:
             guess = lower[key.lower()]
-        elif guesses < MAX_GUESSES_PER_OBJECT:
+        elif budget:
             guesses += 1
             guess = did_you_mean(key, props)
         hint = None
-        if not what:
+        others = releases_with(pointer, key) if not what and budget else []
+        if others:
+            hint = (f"DeepSpeed {_span(others)} read{'s' * (len(others) == 1)} '{key}' here, {current_minor()} does "
+                    f"not: remove it, or check against the release you run (--deepspeed-version {others[-1]})")
+            guess = None
+        elif not what:
             hint = _belongs_hint(key, value[key], here=here, index=index)
         if hint is None and guess:
             hint = f"did you mean '{guess}'?"

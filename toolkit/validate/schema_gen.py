@@ -1,6 +1,14 @@
-"""Generate ``toolkit/data/deepspeed-0.19.8.schema.json`` from the installed DeepSpeed.
+"""Generate ``toolkit/data/deepspeed-<minor>.schema.json`` from one DeepSpeed release's own code.
 
-Run ``python -m dstk.validate.schema_gen [OUT]`` (imports deepspeed and torch; never on the fast path).
+    python -m dstk.validate.schema_gen                       # the installed deepspeed -> its minor's file
+    python -m dstk.validate.schema_gen --deepspeed-src DIR   # an unpacked sdist (DIR/deepspeed/...), e.g.
+        pip download deepspeed==0.14.5 --no-deps --no-binary :all: -d /tmp && tar xzf /tmp/deepspeed-0.14.5.tar.gz -C /tmp
+        python -m dstk.validate.schema_gen --deepspeed-src /tmp/deepspeed-0.14.5 --version 0.14.5
+
+``--deepspeed-src`` puts DIR first on ``sys.path``, so ``import deepspeed`` loads that release (its
+pydantic models, key constants, optimizer and scheduler classes) next to the installed torch; nothing of
+it is copied, only the generated schema is written (minified, one file per minor release). This imports
+deepspeed and torch; it never runs on the fast path.
 
 Two sources, because DeepSpeed parses its config in two styles
 (/work/shared/research/deepspeed-config-surface.md section 1.3):
@@ -21,8 +29,11 @@ for the configured ``type``.
 
 from __future__ import annotations
 
+import argparse
 import ast
 import enum
+import functools
+import importlib
 import inspect
 import json
 import os
@@ -33,7 +44,6 @@ import textwrap
 import types
 import typing
 
-DS_VERSION = "0.19.8"
 USER_MAP = "a map whose keys are chosen by the user"
 
 # ---------------------------------------------------------------------------- small builders
@@ -139,8 +149,14 @@ def _annotation(ann) -> dict:
         return {"type": S}
     if isinstance(ann, type) and issubclass(ann, enum.Enum):
         return {"enum": [m.value for m in ann]}
-    if isinstance(ann, type) and issubclass(ann, pydantic.BaseModel):
+    if isinstance(ann, type) and (issubclass(ann, pydantic.BaseModel) or _is_v1_model(ann)):
         return model_schema(ann)
+    if isinstance(ann, type) and issubclass(ann, (bool, int, float, str)):  # pydantic v1's conint(...) and kin
+        out = _annotation(next(t for t in (bool, int, float, str) if issubclass(ann, t)))
+        for attr, key in (("ge", "minimum"), ("gt", "exclusiveMinimum"), ("le", "maximum"), ("lt", "exclusiveMaximum")):
+            if getattr(ann, attr, None) is not None:
+                out[key] = getattr(ann, attr)
+        return out
     # torch.dtype, process groups, mpu objects: Python objects that a JSON file cannot express.
     return {"not": {}, "x-dstk-not-json": True}
 
@@ -155,43 +171,169 @@ def _constraints(field) -> dict:
     return out
 
 
-def model_schema(cls, description: str = "") -> dict:
-    """The JSON schema of one DeepSpeed pydantic config model (``extra="forbid"``: closed)."""
+def _is_v1_model(cls) -> bool:
+    """A pydantic v1 model (DeepSpeed 0.14 still built its config models on ``pydantic.v1``)."""
+    try:
+        from pydantic import v1
+    except ImportError:
+        return False
+    return isinstance(cls, type) and issubclass(cls, v1.BaseModel)
+
+
+def _fields(cls):
+    """(name, annotation, alias, default, description, constraints, extra) of each field, pydantic v2 or v1."""
+    if _is_v1_model(cls):
+        for name, field in cls.__fields__.items():
+            info = field.field_info
+            cons = {key: getattr(info, attr) for attr, key in (("ge", "minimum"), ("gt", "exclusiveMinimum"),
+                    ("le", "maximum"), ("lt", "exclusiveMaximum")) if getattr(info, attr, None) is not None}
+            default = None if field.required else field.default
+            yield (name, getattr(field, "annotation", field.outer_type_), field.alias, default, info.description, cons,
+                   info.extra if isinstance(info.extra, dict) else {})
+        return
     from pydantic_core import PydanticUndefined
 
+    for name, field in cls.model_fields.items():
+        default = None if field.default is PydanticUndefined else field.default
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        yield name, field.annotation, field.alias, default, field.description, _constraints(field), extra
+
+
+def model_schema(cls, description: str = "") -> dict:
+    """The JSON schema of one DeepSpeed pydantic config model (``extra="forbid"``: closed)."""
     docs = _attribute_docs(cls)
     props: dict = {}
-    for name, field in cls.model_fields.items():
-        sub = dict(_annotation(field.annotation))
-        sub.update(_constraints(field))
-        doc = field.description or docs.get(name, "")
+    for name, annotation, alias, field_default, field_doc, cons, extra in _fields(cls):
+        sub = dict(_annotation(annotation))
+        sub.update(cons)
+        doc = field_doc or docs.get(name, "")
         if doc:
             sub["description"] = doc
-        if field.default is not PydanticUndefined and field.default is not None:
-            default = _jsonable(field.default)
+        if field_default is not None:
+            default = _jsonable(field_default)
             if default is not ... and not isinstance(default, dict):
                 sub["default"] = default
-        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
         if extra.get("deprecated"):
             sub["deprecated"] = True
             if extra.get("new_param"):
                 sub["x-dstk-replaced-by"] = extra["new_param"]
         props[name] = sub
-        if field.alias and field.alias != name:
-            props[field.alias] = {**sub, "description": f"Alias of `{name}`. " + sub.get("description", "")}
+        if alias and alias != name:
+            props[alias] = {**sub, "description": f"Alias of `{name}`. " + sub.get("description", "")}
     doc = description or " ".join(inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0].split())
     return _obj(props, doc[:400], **{"x-dstk-parser": f"pydantic {cls.__module__}.{cls.__qualname__}"})
+
+
+
+# ---------------------------------------------------------------------------- one release's own code
+
+MISSING = "\x00missing:"
+"""Prefix of what :class:`_Consts` returns for a constant the release does not define: keys and values
+carrying it are pruned by :func:`_prune` (that release cannot read such a key)."""
+
+
+class _Consts:
+    """A DeepSpeed constants module whose missing names read as ``MISSING + name`` instead of raising, so
+    the one generator below runs against every release from 0.14 on."""
+
+    def __init__(self, dotted: str):
+        try:
+            self._module = importlib.import_module(dotted)
+        except ImportError:
+            self._module = None
+
+    def __getattr__(self, name: str):
+        return getattr(self._module, name, MISSING + name) if self._module is not None else MISSING + name
+
+
+@functools.cache
+def _release_text() -> str:
+    """All Python source of the imported ``deepspeed`` package, for :func:`_reads`."""
+    import deepspeed
+
+    root = pathlib.Path(deepspeed.__file__).parent
+    parts = []
+    for path in sorted(root.rglob("*.py")):
+        if "inference/v2" in path.as_posix() or "/ops/csrc/" in path.as_posix():
+            continue
+        try:
+            parts.append(path.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+    return "\n".join(parts)
+
+
+def _reads(key: str) -> bool:
+    """Whether the release's source names ``key`` as a string literal: the test for keys of the plain-dict
+    sections (read with ``dict.get``/``get_scalar_param`` by name), which have no model to walk. A key
+    that a release cannot name is one it cannot read."""
+    text = _release_text()
+    return f'"{key}"' in text or f"'{key}'" in text
+
+
+def _model(*dotted: str):
+    """The first of these pydantic model classes that the release has, or None."""
+    for path in dotted:
+        module, _, name = path.rpartition(".")
+        try:
+            return getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
+def _is_pydantic(node: dict) -> bool:
+    return str(node.get("x-dstk-parser", "")).startswith("pydantic")
+
+
+def _prune(node, *, top: bool = False):
+    """Drop from the plain-dict sections what the release cannot read: keys built from a constant it
+    lacks (``MISSING``) and keys its source never names. Pydantic sections come from the release's own
+    models and are left as they are."""
+    if isinstance(node, list):
+        return [_prune(v) for v in node if not (isinstance(v, str) and v.startswith(MISSING))]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if isinstance(key, str) and key.startswith(MISSING):
+            continue
+        if isinstance(value, str) and value.startswith(MISSING):
+            continue
+        if key == "properties" and isinstance(value, dict) and not _is_pydantic(node):
+            value = {k: v for k, v in value.items() if k == "$schema" or (not k.startswith(MISSING) and _reads(k))}
+        out[key] = value if (isinstance(value, dict) and _is_pydantic(value)) else _prune(value)
+    return out
+
+
+def release_version() -> str:
+    """The imported deepspeed's version, without a local tag (``0.14.5``)."""
+    import deepspeed
+
+    return deepspeed.__version__.strip().split("+")[0]
+
+
+def minor_of(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def schema_id(minor: str) -> str:
+    """The schema's ``$id``: a URN, not a URL. dstk has no web host to publish under, and a URL that does
+    not resolve (the old placeholder) makes editors that fetch ``$id`` report an error; a URN names the
+    schema stably (one per DeepSpeed minor release), and editors take the schema from the file ``dstk
+    schema`` writes (VS Code ``json.schemas`` or a ``$schema`` path), never from the ``$id``."""
+    return f"urn:dstk:schema:deepspeed-config:{minor}"
 
 
 # ---------------------------------------------------------------------------- plain-dict sections
 
 
 def _plain_sections() -> dict:
-    from deepspeed.autotuning import constants as at
-    from deepspeed.profiling import constants as fp
-    from deepspeed.runtime import constants as c
-    from deepspeed.runtime.data_pipeline import constants as de
-    from deepspeed.runtime.swap_tensor import constants as aio
+    at = _Consts("deepspeed.autotuning.constants")
+    fp = _Consts("deepspeed.profiling.constants")
+    c = _Consts("deepspeed.runtime.constants")
+    de = _Consts("deepspeed.runtime.data_pipeline.constants")
+    aio = _Consts("deepspeed.runtime.swap_tensor.constants")
 
     P = "plain dict: DeepSpeed reads it with dict.get, so a typo here is silently ignored"
     activation = _obj({
@@ -263,6 +405,8 @@ def _plain_sections() -> dict:
     aio_s = _obj({
         aio.AIO_BLOCK_SIZE: _s(I, "I/O block size in bytes.", aio.AIO_BLOCK_SIZE_DEFAULT, minimum=1),
         aio.AIO_QUEUE_DEPTH: _s(I, "I/O queue depth.", aio.AIO_QUEUE_DEPTH_DEFAULT, minimum=1),
+        aio.AIO_THREAD_COUNT: _s(I, "I/O threads (0.14; intra_op_parallelism from 0.15).", aio.AIO_THREAD_COUNT_DEFAULT,
+                                 minimum=1),
         aio.AIO_INTRA_OP_PARALLELISM: _s(I, "I/O threads per operation.", aio.AIO_INTRA_OP_PARALLELISM_DEFAULT,
                                          minimum=1),
         aio.AIO_SINGLE_SUBMIT: _s(B, "Submit requests one at a time.", aio.AIO_SINGLE_SUBMIT_DEFAULT),
@@ -403,12 +547,15 @@ def _dtype_names() -> list[str]:
     accepts the name, but torch.autocast only runs in a float dtype, and int8 parameters cannot train."""
     from deepspeed.runtime.config import DtypeEnum
 
-    return [name for name, member in DtypeEnum._value2member_map_.items()
-            if isinstance(name, str) and member is not DtypeEnum.int8]
+    names = [name for name, member in DtypeEnum._value2member_map_.items()
+             if isinstance(name, str) and member is not DtypeEnum.int8]
+    if not names:  # before the aliases were registered (0.14-0.16), a member's value is the tuple of its names
+        names = [v for member in DtypeEnum if member.name != "int8" for v in member.value if isinstance(v, str)]
+    return names
 
 
 def _top_scalars() -> dict:
-    from deepspeed.runtime import constants as c
+    c = _Consts("deepspeed.runtime.constants")
 
     return {
         c.TRAIN_BATCH_SIZE: _s(I, "Global batch: micro batch x gradient accumulation x data-parallel size.",
@@ -494,11 +641,10 @@ def _signature_params(callables, *, skip=("self", "params", "optimizer", "model_
 def _optimizers() -> tuple[dict, dict]:
     import torch
 
-    from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
-    from deepspeed.ops.adam import DeepSpeedCPUAdam, FusedAdam
-    from deepspeed.ops.lamb import FusedLamb
-    from deepspeed.ops.lion import DeepSpeedCPULion, FusedLion
     from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+
+    def classes(*dotted):
+        return [cls for cls in (_model(d) for d in dotted) if cls is not None]
 
     extra_adam = {
         "torch_adam": _s(B, "Use torch.optim.Adam/AdamW instead of FusedAdam (no C++ build).", False),
@@ -510,13 +656,19 @@ def _optimizers() -> tuple[dict, dict]:
     muon = {k: _s(t, "Muon option.") for k, t in dict(
         lr=N, momentum=N, weight_decay=N, ns_method=S, muon_lr=N, adam_lr=N, betas="array", eps=N,
         per_head_muon=B).items()}
+    adam = classes("deepspeed.ops.adam.FusedAdam", "deepspeed.ops.adam.DeepSpeedCPUAdam")
     impls = {
-        "adam": [FusedAdam, DeepSpeedCPUAdam, torch.optim.Adam, torch.optim.AdamW],
-        "adamw": [FusedAdam, DeepSpeedCPUAdam, torch.optim.AdamW],
-        "adagrad": [torch.optim.Adagrad, DeepSpeedCPUAdagrad],
-        "lamb": [FusedLamb],
-        "lion": [FusedLion, DeepSpeedCPULion],
+        "adam": adam + [torch.optim.Adam, torch.optim.AdamW],
+        "adamw": adam + [torch.optim.AdamW],
+        "adagrad": [torch.optim.Adagrad, *classes("deepspeed.ops.adagrad.DeepSpeedCPUAdagrad")],
+        "lamb": classes("deepspeed.ops.lamb.FusedLamb"),
+        "lion": classes("deepspeed.ops.lion.FusedLion", "deepspeed.ops.lion.DeepSpeedCPULion"),
+        # the 1-bit optimizers (removed in 0.19): DeepSpeed passes the whole params dict to their constructors
+        "onebitadam": classes("deepspeed.runtime.fp16.onebit.adam.OnebitAdam"),
+        "onebitlamb": classes("deepspeed.runtime.fp16.onebit.lamb.OnebitLamb"),
+        "zerooneadam": classes("deepspeed.runtime.fp16.onebit.zoadam.ZeroOneAdam"),
     }
+    impls = {k: v for k, v in impls.items() if v}
     defs: dict = {}
     for name in DEEPSPEED_OPTIMIZERS:
         if name in impls:
@@ -525,6 +677,7 @@ def _optimizers() -> tuple[dict, dict]:
                 props.update(extra_adam)
             if name in ("adagrad", "lion"):
                 props["fp32_optimizer_states"] = extra_adam["fp32_optimizer_states"]
+            props.pop("deepspeed", None)  # the engine, passed positionally to the 1-bit optimizers
         elif name == "muon":
             props = muon
         else:  # muadam/muadamw/musgd come from the optional `mup` package: its names are not known here
@@ -579,8 +732,7 @@ def _zenflow_validator() -> dict:
     from deepspeed.runtime.zenflow.zenflow_config import ZenFlowConfig
 
     source = inspect.getsource(ZenFlowConfig.validate_fields)
-    for needle in ('["auto", "step", "epoch"]', 'self.select_interval != "auto"', 'self.update_interval != "auto"',
-                   "self.update_interval < 1"):
+    for needle in ('["auto", "step", "epoch"]', 'self.select_interval != "auto"', 'self.update_interval != "auto"'):
         if needle not in source:
             raise SystemExit(f"schema_gen: ZenFlowConfig.validate_fields changed ({needle!r} is gone); update "
                              "_zenflow_validator")
@@ -593,39 +745,122 @@ def _zenflow_validator() -> dict:
     return {
         "select_strategy": field("select_strategy", type=S, enum=["auto", "step", "epoch"]),
         "select_interval": field("select_interval", anyOf=[{"const": "auto"}, {"type": I}]),
-        "update_interval": field("update_interval", anyOf=[{"const": "auto"}, {"type": I, "minimum": 1}]),
+        "update_interval": field("update_interval", anyOf=[{"const": "auto"}, {"type": I, **(
+            {"minimum": 1} if "self.update_interval < 1" in source else {})}]),  # the bound came in 0.19
     }
 
 
 # ---------------------------------------------------------------------------- the whole document
 
 
-def build_schema() -> dict:
-    import deepspeed
-    from deepspeed.comm.config import CommsLoggerConfig
-    from deepspeed.compile.config import CompileConfig
-    from deepspeed.inference.config import WeightQuantConfig
-    from deepspeed.monitor.config import CometConfig, CSVConfig, TensorBoardConfig, WandbConfig
-    from deepspeed.runtime.config import HybridEngineConfig
-    from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
-    from deepspeed.runtime.tensor_parallel.config import TPTrainingConfig
-    from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
-    from deepspeed.utils.config import DeepSpeedThroughputTimerConfig
+REMOVED_SECTIONS = {
+    "amp": "object", "compression_training": "object", "curriculum_learning": "object",
+    "elasticity": "object", "graph_harvesting": "boolean", "nebula": "object",
+    "progressive_layer_drop": "object", "quantize_training": "object", "sparse_attention": "object",
+    "sparse_gradients": "boolean",
+}
+"""Top-level keys DeepSpeed 0.19 removed (``runtime/config.py`` ``_REMOVED_TOP_LEVEL_CONFIG_KEYS``): a release
+that still reads one gets it as an open section (its contents are not typed by dstk), except ``elasticity``
+and ``progressive_layer_drop`` (typed below). ``eigenvalue`` is not here: before 0.19 it was read only inside
+``quantize_training`` (``get_eigenvalue_config`` reads ``param_dict[QUANTIZE_TRAINING]``), so a top-level
+block was ignored, and it stays an unknown key (DS101)."""
 
-    if deepspeed.__version__ != DS_VERSION:
-        raise SystemExit(f"schema_gen: DeepSpeed {deepspeed.__version__} installed, expected {DS_VERSION}")
 
-    zero = model_schema(DeepSpeedZeroConfig, "ZeRO redundancy optimizer: stages 0-3, offload, ZeRO++. "
+def _progressive_layer_drop() -> dict:
+    """``progressive_layer_drop`` before 0.19: ``get_pld_params`` pops ``enabled`` from a copy of the block
+    unconditionally (a KeyError when it is missing) and the engine builds ``ProgressiveLayerDrop(theta=...,
+    gamma=...)`` from ``PLD_THETA``/``PLD_GAMMA`` (``runtime/config.py``, ``runtime/engine.py``)."""
+    c = _Consts("deepspeed.runtime.constants")
+    return _obj({
+        c.PLD_ENABLED: _s(B, "Enable Progressive Layer Dropping (required: DeepSpeed pops it).", c.PLD_ENABLED_DEFAULT),
+        c.PLD_THETA: _s(N, "Keep probability floor theta.", c.PLD_THETA_DEFAULT),
+        c.PLD_GAMMA: _s(N, "Decay rate gamma.", c.PLD_GAMMA_DEFAULT),
+    }, "Progressive Layer Dropping (removed in 0.19). plain dict: DeepSpeed reads it with dict.get",
+        required=[c.PLD_ENABLED])
+
+
+def _elasticity() -> dict:
+    """``elasticity`` before 0.19 (``elasticity/config.py`` ``ElasticityConfig``, a plain class over the keys of
+    ``elasticity/constants.py``): when ``enabled`` it raises ``ElasticityConfigError`` without
+    ``max_train_batch_size`` or ``micro_batch_sizes``, and on micro batch sizes that are not positive integers."""
+    e = _Consts("deepspeed.elasticity.constants")
+    props = {
+        e.ENABLED: _s(B, "Enable elastic training.", False),
+        e.MAX_ACCEPTABLE_BATCH_SIZE: _s(I, "Largest global batch (required when enabled).", minimum=1),
+        e.MICRO_BATCHES: _s("array", "Candidate micro batch sizes (required when enabled).",
+                            items={"type": I, "minimum": 1}, minItems=1),
+        e.MIN_GPUS: _s(I, "Fewest GPUs.", e.MIN_GPUS_DEFAULT, minimum=1),
+        e.MAX_GPUS: _s(I, "Most GPUs.", e.MAX_GPUS_DEFAULT, minimum=1),
+        e.NUM_GPUS_PER_NODE: _s(I, "GPUs per node.", e.NUM_GPUS_PER_NODE_DEFAULT, minimum=1),
+        e.MODEL_PARALLEL_SIZE: _s(I, "Model-parallel size.", e.MODEL_PARALLEL_SIZE_DEFAULT, minimum=1),
+        e.MIN_TIME: _s(I, "Minimum running time (minutes) before a scale event.", e.MIN_TIME_DEFAULT, minimum=0),
+        e.PREFER_LARGER_BATCH: _s(B, "Prefer a larger global batch.", e.PREFER_LARGER_BATCH_DEFAULT),
+        e.IGNORE_NON_ELASTIC_BATCH_INFO: _s(B, "Ignore the batch keys outside this block.",
+                                            e.IGNORE_NON_ELASTIC_BATCH_INFO_DEFAULT),
+        e.VERSION: _s(N, "Elasticity algorithm version.", e.VERSION_DEFAULT),
+    }
+    return _obj(props, "Elastic training (removed in 0.19). plain dict: DeepSpeed reads it with dict.get, so a "
+                "typo here is silently ignored", anyOf=[
+                    {"properties": {e.ENABLED: {"const": False}}},
+                    {"required": [e.MAX_ACCEPTABLE_BATCH_SIZE, e.MICRO_BATCHES]}])
+
+
+def _legacy_precision(name: str, prefix: str) -> dict:
+    """fp16/bf16 before ``precision_config.py`` (0.14-0.16): plain dicts read with ``get_scalar_param``;
+    the keys are the release's ``FP16_*``/``BFLOAT16_*`` constants, typed by their ``_DEFAULT``."""
+    from deepspeed.runtime import constants as c
+
+    props = {}
+    for attr in sorted(vars(c)):
+        value = getattr(c, attr)
+        if (not attr.startswith(prefix + "_") or attr.endswith(("_DEFAULT", "_FORMAT", "_OLD"))
+                or not isinstance(value, str) or value in props):
+            continue
+        default = getattr(c, attr + "_DEFAULT", None)
+        if isinstance(default, bool):
+            kind = B
+        elif isinstance(default, int):
+            kind = N if "loss_scale" in value and "window" not in value else I
+        elif isinstance(default, float):
+            kind = N
+        else:
+            kind = None
+        props[value] = _s(kind, f"{name} option (constant {attr}).", *(() if default is None else (default,)))
+    return _obj(props, f"{name} mixed precision. plain dict: DeepSpeed reads it with dict.get, so a typo here is "
+                "silently ignored")
+
+
+def _removed_tables() -> dict:
+    """The release's own removed-key tables (``runtime/config.py``; empty before 0.19)."""
+    from deepspeed.runtime import config
+
+    return {"top_level": dict(getattr(config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {})),
+            "zero_optimization": dict(getattr(config, "_REMOVED_ZERO_CONFIG_KEYS", {}))}
+
+
+def build_schema(*, expect_version: str | None = None) -> dict:
+    """The schema of the imported deepspeed release (its minor names the file)."""
+    version = release_version()
+    if expect_version is not None and version != expect_version and minor_of(version) != expect_version:
+        raise SystemExit(f"schema_gen: DeepSpeed {version} imported, expected {expect_version}")
+    minor = minor_of(version)
+    zero_cls = _model("deepspeed.runtime.zero.config.DeepSpeedZeroConfig")
+    zero = model_schema(zero_cls, "ZeRO redundancy optimizer: stages 0-3, offload, ZeRO++. "
                         "Also accepts the legacy form true/false (stage 1/0).")
     zero["type"] = ["object", "boolean"]
-    zero["properties"]["zenflow"]["properties"].update(_zenflow_validator())
-    bf16 = model_schema(DeepSpeedBF16Config, "bfloat16 mixed precision.")
+    if "zenflow" in zero["properties"]:
+        zero["properties"]["zenflow"]["properties"].update(_zenflow_validator())
+    fp16_cls = _model("deepspeed.runtime.precision_config.DeepSpeedFP16Config")
+    bf16_cls = _model("deepspeed.runtime.precision_config.DeepSpeedBF16Config")
+    fp16 = (model_schema(fp16_cls, "fp16 mixed precision with loss scaling.") if fp16_cls
+            else _legacy_precision("fp16", "FP16"))
+    bf16 = model_schema(bf16_cls, "bfloat16 mixed precision.") if bf16_cls else _legacy_precision("bf16", "BFLOAT16")
     opt_defs, opt_names = _optimizers()
     sched_defs, sched_names = _schedulers()
+    removed = _removed_tables()
     props = dict(_top_scalars())
     props.update({
-        "zero_optimization": zero,
-        "fp16": model_schema(DeepSpeedFP16Config, "fp16 mixed precision with loss scaling."),
+        "fp16": fp16,
         "bf16": bf16,
         "bfloat16": {**bf16, "deprecated": True, "x-dstk-replaced-by": "bf16",
                      "description": "Legacy name of `bf16`; used only when `bf16` is absent."},
@@ -638,48 +873,94 @@ def build_schema() -> dict:
             "type": _s(S, "A deepspeed.runtime.lr_schedules or torch.optim.lr_scheduler class (case-sensitive)."),
             "params": _s("object", "Keyword arguments of the scheduler; see $defs/scheduler_params."),
         }, "Learning-rate scheduler, built at initialize."),
-        "tensorboard": model_schema(TensorBoardConfig),
-        "wandb": model_schema(WandbConfig),
-        "csv_monitor": model_schema(CSVConfig),
-        "comet": model_schema(CometConfig),
-        "comms_logger": model_schema(CommsLoggerConfig, "Communication logger. Logging is ON whenever this key "
-                                     "is present, whatever `enabled` says."),
-        "hybrid_engine": model_schema(HybridEngineConfig),
-        "compile": model_schema(CompileConfig),
-        "tensor_parallel": model_schema(TPTrainingConfig, "AutoTP tensor-parallel training."),
-        "weight_quantization": model_schema(WeightQuantConfig),
     })
     props.update(_plain_sections())
+    for key, kind in REMOVED_SECTIONS.items():
+        if key == "elasticity" and key not in removed["top_level"] and _reads(key):
+            props[key] = _elasticity()
+        elif key == "progressive_layer_drop" and key not in removed["top_level"] and _reads(key):
+            props[key] = _progressive_layer_drop()
+        elif key not in removed["top_level"] and _reads(key):
+            props[key] = {"type": kind, **({"additionalProperties": {}} if kind == "object" else {}),
+                          "description": f"Read by DeepSpeed {minor} (removed in 0.19); its contents are not "
+                                         "checked by dstk."}
+    props = _prune({"properties": props})["properties"]
+    pydantic_sections = {
+        "zero_optimization": zero,
+        "tensorboard": ("deepspeed.monitor.config.TensorBoardConfig",),
+        "wandb": ("deepspeed.monitor.config.WandbConfig",),
+        "csv_monitor": ("deepspeed.monitor.config.CSVConfig",),
+        "comet": ("deepspeed.monitor.config.CometConfig",),
+        "comms_logger": ("deepspeed.comm.config.CommsLoggerConfig", "Communication logger. Logging is ON whenever "
+                         "this key is present, whatever `enabled` says."),
+        "hybrid_engine": ("deepspeed.runtime.config.HybridEngineConfig",),
+        "compile": ("deepspeed.compile.config.CompileConfig",),
+        "tensor_parallel": ("deepspeed.runtime.tensor_parallel.config.TPTrainingConfig",
+                            "AutoTP tensor-parallel training."),
+        "weight_quantization": ("deepspeed.inference.config.WeightQuantConfig",),
+    }
+    for key, spec in pydantic_sections.items():
+        if isinstance(spec, dict):
+            props[key] = spec
+            continue
+        cls = _model(spec[0])
+        if cls is not None and _reads(key):
+            props[key] = model_schema(cls, *spec[1:])
+    if fp16_cls:
+        props["fp16"], props["bf16"] = fp16, bf16
+        props["bfloat16"] = {**bf16, "deprecated": True, "x-dstk-replaced-by": "bf16",
+                             "description": "Legacy name of `bf16`; used only when `bf16` is absent."}
     props["$schema"] = _s(S, "Where editors find this schema (e.g. the output of `dstk schema`); DeepSpeed "
                           "ignores it.", format="uri-reference")
-    props["timers"]["properties"]["throughput"] = model_schema(DeepSpeedThroughputTimerConfig)
+    throughput = _model("deepspeed.utils.config.DeepSpeedThroughputTimerConfig")
+    if "timers" in props and throughput is not None:
+        props["timers"]["properties"]["throughput"] = model_schema(throughput)
     props = dict(sorted(props.items()))
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
-        "$id": f"https://dstk.invalid/schemas/deepspeed-{DS_VERSION}.schema.json",
-        "title": f"DeepSpeed {DS_VERSION} configuration",
-        "description": "Every key DeepSpeed reads from ds_config. Unknown keys are errors at every level "
-                       "(DeepSpeed itself ignores unknown top-level keys). Generated by dstk.validate.schema_gen.",
+        "$id": schema_id(minor),
+        "title": f"DeepSpeed {minor} configuration",
+        "description": f"Every key DeepSpeed {version} reads from ds_config. Unknown keys are errors at every level "
+                       "(DeepSpeed itself ignores unknown top-level keys). Generated by dstk.validate.schema_gen "
+                       f"from DeepSpeed {version}'s own config models and key constants.",
         "type": "object",
         "properties": props,
         "additionalProperties": False,
-        "x-dstk-deepspeed-version": DS_VERSION,
+        "x-dstk-deepspeed-version": version,
         "x-dstk-optimizers": opt_names,
         "x-dstk-schedulers": sched_names,
+        "x-dstk-removed": removed,
         "$defs": {"optimizer_params": opt_defs, "scheduler_params": sched_defs},
     }
 
 
+def default_path(minor: str) -> pathlib.Path:
+    return pathlib.Path(__file__).resolve().parent.parent / "data" / f"deepspeed-{minor}.schema.json"
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    out = pathlib.Path(argv[0]) if argv else pathlib.Path(__file__).resolve().parent.parent / "data" / \
-        f"deepspeed-{DS_VERSION}.schema.json"
-    text = json.dumps(build_schema(), indent=1, sort_keys=False) + "\n"
+    parser = argparse.ArgumentParser(prog="python -m dstk.validate.schema_gen", description=__doc__.split("\n")[0])
+    parser.add_argument("out", nargs="?", help="where to write (default: toolkit/data/deepspeed-<minor>.schema.json)")
+    parser.add_argument("--deepspeed-src", metavar="DIR",
+                        help="an unpacked DeepSpeed source tree (DIR/deepspeed/__init__.py); default: the installed one")
+    parser.add_argument("--version", metavar="X", help="the release DIR must be (0.14 or 0.14.5); a check")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.deepspeed_src:
+        src = pathlib.Path(args.deepspeed_src).resolve()
+        if not (src / "deepspeed" / "__init__.py").is_file():
+            raise SystemExit(f"schema_gen: {src} has no deepspeed/__init__.py (pass the unpacked sdist's folder)")
+        if "deepspeed" in sys.modules and not pathlib.Path(sys.modules["deepspeed"].__file__).is_relative_to(src):
+            raise SystemExit("schema_gen: another deepspeed is already imported; run in a fresh process")
+        sys.path.insert(0, str(src))
+    schema = build_schema(expect_version=args.version)
+    out = pathlib.Path(args.out) if args.out else default_path(minor_of(schema["x-dstk-deepspeed-version"]))
+    text = json.dumps(schema, separators=(",", ":"), sort_keys=False) + "\n"
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=".schema-")
     with os.fdopen(fd, "w") as fh:
         fh.write(text)
+    os.chmod(tmp, 0o644)
     os.replace(tmp, out)
-    print(f"wrote {out} ({len(text)} bytes)")
+    print(f"wrote {out} ({len(text)} bytes, DeepSpeed {schema['x-dstk-deepspeed-version']})")
     return 0
 
 

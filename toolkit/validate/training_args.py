@@ -11,10 +11,15 @@ without importing transformers: a value is compared only when the DeepSpeed key 
 Training arguments missing from the JSON take ``TrainingArguments``' defaults (transformers 5.24
 ``training_args.py``): per-device batch 8, accumulation 1, lr 5e-5, weight decay 0, betas 0.9/0.999,
 eps 1e-8, max_grad_norm 1.0, fp16/bf16 off, max_steps -1, warmup_steps 0.
+
+``fill_auto`` fills ``"auto"`` for ``--hf --deepspeed`` the same way, from what is known only; what nothing
+gives is reported (DS242), never made up.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 import os
@@ -126,3 +131,166 @@ def training_args_findings(config: dict, training_args: dict, *, world_size: int
                         f"{json.dumps(training_args[arg])}, silently",
                 hint=f"remove /{block} to train with {arg}, or drop {arg} from the training arguments"))
     return findings
+
+
+# ---------------------------------------------------------------------------------------------- "auto" for --deepspeed
+
+_IMPLIED = {"/train_micro_batch_size_per_gpu": "per_device_train_batch_size",
+            "/gradient_accumulation_steps": "gradient_accumulation_steps",
+            "/gradient_clipping": "max_grad_norm", "/optimizer/params/lr": "learning_rate",
+            "/scheduler/params/warmup_max_lr": "learning_rate", "/optimizer/params/eps": "adam_epsilon",
+            "/optimizer/params/weight_decay": "weight_decay"}
+"""An explicit DeepSpeed value that pins one training argument: the Trainer stops with a mismatch
+unless the argument equals it (``fill_match``), so a run that starts has that argument."""
+_HIDDEN = {"/zero_optimization/reduce_bucket_size": "hidden_size x hidden_size",
+           "/zero_optimization/stage3_prefetch_bucket_size": "0.9 x hidden_size x hidden_size",
+           "/zero_optimization/stage3_param_persistence_threshold": "10 x hidden_size"}
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Unfilled:
+    """An ``"auto"`` the Trainer fills from something nobody gave dstk."""
+
+    pointer: str
+    needs: str
+    """What the Trainer fills it from (a training argument, the world size, the model's hidden size)."""
+    hint: str
+    """How to give it, a sentence."""
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Filled:
+    """What ``fill_auto`` made of a config."""
+
+    config: dict
+    """A copy with every fillable ``"auto"`` filled and the others taken out."""
+    unfilled: tuple[Unfilled, ...]
+    batch_stand_in: bool = False
+    """Whether ``train_micro_batch_size_per_gpu = 1`` was put in only so that DeepSpeed reaches its other checks
+    (neither batch key could be filled)."""
+
+
+def _set(config: dict, pointer: str, value) -> None:
+    parts = pointer.strip("/").split("/")
+    node = config
+    for part in parts[:-1]:
+        node = node[part]
+    node[parts[-1]] = value
+
+
+def _drop(config: dict, pointer: str) -> None:
+    parts = pointer.strip("/").split("/")
+    node = config
+    for part in parts[:-1]:
+        node = node[part]
+    node.pop(parts[-1], None)
+
+
+def _stage3(config: dict) -> bool:
+    zero = config.get("zero_optimization")
+    return isinstance(zero, dict) and zero.get("stage") == 3
+
+
+def fill_auto(config: dict, *, training_args: dict | None, world_size: int | None) -> Filled:
+    """``"auto"`` filled as transformers' Trainer fills it (``HfTrainerDeepSpeedConfig.trainer_config_process``
+    and ``trainer_config_finalize``, transformers 5.24 ``integrations/deepspeed.py``), from what is known and
+    nothing else: the training arguments when given (a key missing from that file takes ``TrainingArguments``'
+    default, as ``TrainingArguments(**json)`` would), else only the arguments the file's explicit values pin
+    (``_IMPLIED``: an explicit ``optimizer.params.lr`` is the learning rate, so an ``"auto"``
+    ``warmup_max_lr`` gets it); the world size for ``train_batch_size``; ``max_steps > 0`` (or an explicit
+    ``total_num_steps``) for the scheduler's step counts. The model's hidden size is never known here.
+
+    Returns the filled copy and what could not be filled. An unfilled key is taken out of the copy, so DeepSpeed
+    checks the rest with its own default there; when neither batch key is left, the copy gets
+    ``train_micro_batch_size_per_gpu = 1`` only so that DeepSpeed reaches its other checks (the report says so).
+    Keys the Trainer does not fill (DS108/DS109) stay ``"auto"``, as the Trainer leaves them."""
+    out = copy.deepcopy(config)
+    if training_args is not None:
+        args = {**DEFAULTS, **training_args}
+    else:
+        args = {}
+        for pointer, name in _IMPLIED.items():
+            value = _node(config, pointer)
+            if value is not None and value != "auto" and name not in args:
+                args[name] = value
+        betas = _node(config, "/optimizer/params/betas")
+        if isinstance(betas, list) and len(betas) == 2:
+            args["adam_beta1"], args["adam_beta2"] = betas
+    steps = args.get("max_steps")
+    num_steps = steps if isinstance(steps, int) and not isinstance(steps, bool) and steps > 0 else None
+    explicit_total = _node(config, "/scheduler/params/total_num_steps")
+    if num_steps is None and isinstance(explicit_total, int) and explicit_total > 0:
+        num_steps = explicit_total
+    args_file = "--training-args FILE (TrainingArguments.to_json_string() saved to a file)"
+    given = f"pass {args_file}"
+    steps_hint = "pass --training-args FILE with max_steps > 0, or write the number"
+
+    def arg(name: str):
+        return args.get(name)
+
+    micro, accum = arg("per_device_train_batch_size"), arg("gradient_accumulation_steps")
+    warmup = None
+    if num_steps is not None and training_args is not None:
+        warmup = _warmup(args, num_steps)
+    fills: list[tuple[str, object, str, str]] = [  # pointer, value (None: unknown), what it needs, how to give it
+        ("/train_micro_batch_size_per_gpu", micro, "TrainingArguments.per_device_train_batch_size", given),
+        ("/gradient_accumulation_steps", accum, "TrainingArguments.gradient_accumulation_steps", given),
+        ("/train_batch_size", None if None in (world_size, micro, accum) else world_size * micro * accum,
+         "the world size x per_device_train_batch_size x gradient_accumulation_steps",
+         "pass " + " and ".join(([] if world_size is not None else ["--world-size N"])
+                                + ([args_file] if None in (micro, accum) else []))),
+        ("/gradient_clipping", arg("max_grad_norm"), "TrainingArguments.max_grad_norm", given),
+        ("/optimizer/params/lr", arg("learning_rate"), "TrainingArguments.learning_rate", given),
+        ("/optimizer/params/betas", None if None in (arg("adam_beta1"), arg("adam_beta2"))
+         else [arg("adam_beta1"), arg("adam_beta2")], "TrainingArguments.adam_beta1, adam_beta2", given),
+        ("/optimizer/params/eps", arg("adam_epsilon"), "TrainingArguments.adam_epsilon", given),
+        ("/optimizer/params/weight_decay", arg("weight_decay"), "TrainingArguments.weight_decay", given),
+        ("/scheduler/params/warmup_min_lr", 0, "", ""),
+        ("/scheduler/params/warmup_max_lr", arg("learning_rate"), "TrainingArguments.learning_rate", given),
+        ("/fp16/enabled", None if training_args is None else bool(args["fp16"] or args["fp16_full_eval"]),
+         "TrainingArguments.fp16 or fp16_full_eval", given),
+        ("/bf16/enabled", None if training_args is None else bool(args["bf16"] or args["bf16_full_eval"]),
+         "TrainingArguments.bf16 or bf16_full_eval", given),
+        ("/scheduler/params/total_num_steps", num_steps,
+         "the number of training steps (max_steps, or the data set's length x epochs / the global batch, which "
+         "the Trainer computes at train())", steps_hint),
+        ("/scheduler/params/warmup_num_steps", warmup,
+         "max(1, TrainingArguments.get_warmup_steps(number of training steps))",
+         steps_hint),
+    ]
+    unfilled: list[Unfilled] = []
+    for pointer, value, needs, hint in fills:
+        if _node(config, pointer) != "auto":
+            continue
+        if value is None:
+            _drop(out, pointer)
+            unfilled.append(Unfilled(pointer=pointer, needs=needs, hint=hint))
+        else:
+            _set(out, pointer, value)
+    for pointer, formula in _HIDDEN.items():
+        if _node(config, pointer) == "auto" and (pointer.endswith("reduce_bucket_size") or _stage3(config)):
+            _drop(out, pointer)
+            unfilled.append(Unfilled(pointer=pointer, needs=f"the model's hidden size ({formula})",
+                                     hint="write the number (the Trainer takes it from the model's config)"))
+    if training_args is not None and training_args.get("save_on_each_node"):
+        out.setdefault("checkpoint", {})["use_node_local_storage"] = True
+    dropped = {u.pointer for u in unfilled}
+    stand_in = bool(dropped & {"/train_batch_size", "/train_micro_batch_size_per_gpu"}) and \
+        "train_batch_size" not in out and "train_micro_batch_size_per_gpu" not in out
+    if stand_in:
+        out["train_micro_batch_size_per_gpu"] = 1
+    return Filled(config=out, unfilled=tuple(unfilled), batch_stand_in=stand_in)
+
+
+def unfilled_findings(filled: Filled) -> list[Finding]:
+    """DS242 for each ``"auto"`` the ``--deepspeed`` check could not fill (``fill_auto``)."""
+    out = []
+    for u in filled.unfilled:
+        batch = filled.batch_stand_in and u.pointer == "/train_micro_batch_size_per_gpu"
+        what = ("DeepSpeed was given 1 there, only to reach its other checks" if batch else
+                "DeepSpeed checked the file without it")
+        out.append(Finding(
+            severity="warning", code="DS242", pointer=u.pointer,
+            message=f'{u.pointer} is "auto": the Trainer fills it from {u.needs}, which nothing here gives, so '
+                    f"{what}", hint=u.hint))
+    return out
