@@ -9,7 +9,7 @@ import pytest
 from test_generate_oracles import ds_parse, megatron_config  # noqa: F401  (ds_parse is a fixture)
 
 from dstk import render
-from dstk.errors import UsageError
+from dstk.errors import DstkError, UsageError
 from dstk.intent import TrainingIntent
 from dstk.layout import Layout
 
@@ -142,5 +142,5 @@ def test_write_files_is_atomic_and_refuses_to_overwrite(tmp_path):
     assert (out / "a.json").read_text() == "[]\n"
     assert not list(out.glob(".*")), "no temp files left behind"
     (tmp_path / "file").write_text("")
-    with pytest.raises(UsageError, match="not a directory"):
+    with pytest.raises(DstkError, match="not a directory"):  # a path problem: exit 1, not a usage error
         render.write_files(tmp_path / "file", {}, force=True)

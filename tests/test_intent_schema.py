@@ -103,6 +103,8 @@ def _context(section: str, field: str) -> dict:
         data["constraints"]["engine"] = "megatron"
     if field == "engine":
         data["constraints"].pop("nvme_path")
+    if field.startswith("lora_") and field != "lora_rank":  # the other LoRA fields need a rank
+        data["training"]["lora_rank"] = 8
     return data
 
 

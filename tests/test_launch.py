@@ -416,3 +416,27 @@ def test_the_runners_spellings_are_aliases_and_ports_are_checked(tmp_path, capsy
             main(argv + ["--master-port", bad, "--", "train.py"])
         assert exit_info.value.code == 2
         assert "1-65535" in capsys.readouterr().err
+
+
+def test_a_config_symlinked_from_outside_the_run_directory_is_refused(tmp_path, capsys):
+    """Every node reads the run directory: a ds_config.json linked to a file elsewhere trains with a
+    config the plan never saw (or one another node does not have). A link inside the directory is fine."""
+    run_dir = write_run_dir(tmp_path / "run", num_nodes=1, gpus_per_node=2)
+    config = run_dir / "ds_config.json"
+    outside = tmp_path / "other.json"
+    outside.write_text(config.read_text())
+    config.unlink()
+    config.symlink_to(outside)
+    with pytest.raises(DstkError, match="outside the run directory") as exc:
+        spec_from_run_dir(run_dir, script="t.py", master_port=1)
+    assert f"cp --remove-destination {outside.resolve()}" in exc.value.hint
+    (tmp_path / "t.py").write_text("")
+    assert main(["launch", str(run_dir), "--dry-run", "--", str(tmp_path / "t.py")]) == 1
+    assert "symlink" in capsys.readouterr().err
+    # inside the directory: accepted
+    inside = run_dir / "configs" / "ds.json"
+    inside.parent.mkdir()
+    outside.rename(inside)
+    config.unlink()
+    config.symlink_to(inside)
+    assert spec_from_run_dir(run_dir, script="t.py", master_port=1).num_nodes == 1

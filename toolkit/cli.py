@@ -79,7 +79,11 @@ def main(argv: list[str] | None = None) -> int:
     first = next((w for w in words if not w.startswith("-")), None)
     parser = build_parser(first if first in COMMANDS and "-h" not in words[:1] and "--help" not in words[:1]
                           else None)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except DstkError as exc:  # a flag's type names itself and a fix (dstk.intent.flag_number)
+        print(exc.render(), file=sys.stderr)
+        return exc.exit_code
     if getattr(args, "_run", None) is None:
         parser.print_help()
         return EXIT_USAGE

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import types
 import typing
 from typing import Any, Literal
 
 from dstk.errors import DstkError, UsageError
-from dstk.layout import ATTENTIONS, OFFLOADS, OPTIMIZERS, PRECISIONS, RECOMPUTES, Training
+from dstk.layout import ATTENTIONS, OFFLOADS, OPTIMIZERS, PRECISIONS, RECOMPUTES, Lora, Training
 
 Schedule = Literal["cosine", "linear", "constant"]
 Engine = Literal["deepspeed", "megatron"]
@@ -27,11 +28,33 @@ ENGINES: tuple[str, ...] = ("deepspeed", "megatron")
 REQUIRED_DIMS: tuple[str, ...] = ("num_layers", "hidden_size", "num_heads", "vocab_size")
 
 
-def _positive(name: str, value, *, allow_none: bool = True) -> None:
+MAX_NODES = 65_536
+MAX_GPUS_PER_NODE = 1_024
+MAX_GLOBAL_BATCH = 2**26
+"""Sequences per step. The planner enumerates the divisors of the global batch and of the world
+size, so these bound its work (`plan --global-batch 9223372036854775807` had not finished after 20 s);
+each is far beyond published runs (Llama 3 405B: 16,384 GPUs, 16M-token batches of 8,192-token sequences
+= 2,048 sequences; Dubey et al. 2024, "The Llama 3 Herd of Models", section 3.3)."""
+MAX_GIB = 2.0**20
+"""A GPU's or a host's memory: at most 1 PiB (more overflows the byte counts)."""
+MAX_TFLOPS = 1e6
+MAX_INTENT_BYTES = 1 << 20
+"""An intent is a few hundred bytes; a larger file is not one (and /dev/zero would never end)."""
+MAX_NESTING = 32
+"""Mapping/list levels an intent may have (it needs 3: the document, a section, betas)."""
+MAX_NUMBER_CHARS = 40
+"""Digits a number may have in an intent or a flag (2**63 has 19)."""
+MAX_INT = 2**63 - 1
+"""The largest integer any intent field takes (the planner's own limits on counts come later)."""
+
+
+def _positive(name: str, value, *, allow_none: bool = True, maximum: int | None = None) -> None:
     if value is None and allow_none:
         return
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name}: expected a positive integer, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}: {value} is more than dstk plans for (at most {maximum:,})")
 
 
 def _choice(name: str, value, choices: tuple[str, ...], *, allow_none: bool = False) -> None:
@@ -110,13 +133,15 @@ class ClusterIntent:
     """CPU memory of one node (GiB), checked against what CPU offload needs; None: unknown, not checked."""
 
     def __post_init__(self) -> None:
-        _positive("cluster.num_nodes", self.num_nodes, allow_none=False)
-        _positive("cluster.gpus_per_node", self.gpus_per_node, allow_none=False)
+        _positive("cluster.num_nodes", self.num_nodes, allow_none=False, maximum=MAX_NODES)
+        _positive("cluster.gpus_per_node", self.gpus_per_node, allow_none=False, maximum=MAX_GPUS_PER_NODE)
         if not isinstance(self.gpu, str) or not self.gpu:
             raise ValueError(f"cluster.gpu: expected a GPU slug such as h100-sxm, got {self.gpu!r}")
-        for name in ("gpu_memory_gib", "gpu_tflops", "host_memory_gib"):
+        for name, maximum in (("gpu_memory_gib", MAX_GIB), ("gpu_tflops", MAX_TFLOPS), ("host_memory_gib", MAX_GIB)):
             value = getattr(self, name)
-            if value is not None and not value > 0:
+            if value is not None and not 0 < value <= maximum:
+                if value > maximum:
+                    raise ValueError(f"cluster.{name}: {value:g} is more than dstk plans for (at most {maximum:,.0f})")
                 raise ValueError(f"cluster.{name}: expected a positive number, got {value!r}")
 
     @property
@@ -160,6 +185,17 @@ class TrainingIntent:
     """Adam epsilon."""
     grad_clip: float = 1.0
     """Gradient-norm clipping; 0 turns it off."""
+    lora_rank: int | None = None
+    """Train LoRA adapters of rank R on a frozen base (peft; e.g. 8); None: every parameter trains."""
+    lora_alpha: float | None = None
+    """LoRA scale numerator, update = A/R * BA (default 2R)."""
+    lora_targets: str | None = None
+    """Modules to adapt: all-linear (default), attention, mlp, or names such as q,v / gate,up,down / q_proj (the
+    family's module names; a wrong one lists them)."""
+    lora_dropout: float | None = None
+    """Dropout on the LoRA adapters' input, in [0, 1) (default 0)."""
+    lora_bits: int | None = None
+    """4: QLoRA, NF4 base weights (bitsandbytes, CUDA only)."""
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "global_batch", "global_batch_tokens", "num_tokens", "train_steps", "warmup_steps"):
@@ -179,8 +215,27 @@ class TrainingIntent:
             raise ValueError(f"training.eps: expected a positive number, got {self.eps!r}")
         if self.grad_clip < 0:
             raise ValueError(f"training.grad_clip: expected >= 0 (0 = off), got {self.grad_clip!r}")
+        _positive("training.lora_rank", self.lora_rank)
+        if self.lora_rank is None:
+            given = [n for n in ("lora_alpha", "lora_targets", "lora_dropout", "lora_bits")
+                     if getattr(self, n) is not None]
+            if given:
+                raise ValueError(f"training.{given[0]}: set without training.lora_rank -- fix: add lora_rank "
+                                 "(--lora-rank R, e.g. 8) for LoRA, or drop it")
+        if self.lora_alpha is not None and not self.lora_alpha > 0:
+            raise ValueError(f"training.lora_alpha: expected > 0, got {self.lora_alpha!r}")
+        if self.lora_dropout is not None:
+            _fraction("training.lora_dropout", self.lora_dropout, low=0.0, high=1.0)
+        if self.lora_bits not in (None, 4):
+            raise ValueError(f"training.lora_bits: only 4 (QLoRA, NF4) is supported, got {self.lora_bits!r}")
         if self.global_batch is not None and self.global_batch_tokens is not None:
             raise ValueError("training.global_batch: give global_batch or global_batch_tokens, not both")
+        if self.global_batch is not None and self.global_batch > MAX_GLOBAL_BATCH:
+            raise ValueError(f"training.global_batch: {self.global_batch} sequences is more than dstk plans for "
+                             f"(at most {MAX_GLOBAL_BATCH:,})")
+        if self.global_batch_tokens is not None and self.global_batch_tokens // self.seq_len > MAX_GLOBAL_BATCH:
+            raise ValueError(f"training.global_batch_tokens: {self.global_batch_tokens} tokens is more than "
+                             f"{MAX_GLOBAL_BATCH:,} sequences of {self.seq_len}, more than dstk plans for")
         if self.global_batch_tokens is not None and self.global_batch_tokens % self.seq_len:
             raise ValueError(
                 f"training.global_batch_tokens: {self.global_batch_tokens} is not a multiple of seq_len "
@@ -215,7 +270,17 @@ class TrainingIntent:
             optimizer=self.optimizer,
             attention=self.attention,
             num_tokens=self.num_tokens,
+            lora=self.lora,
         )
+
+    @property
+    def lora(self) -> Lora | None:
+        """The LoRA settings with their defaults (alpha 2 x rank, all-linear, no dropout); None without lora_rank."""
+        if self.lora_rank is None:
+            return None
+        alpha = self.lora_alpha if self.lora_alpha is not None else 2 * self.lora_rank
+        return Lora(rank=self.lora_rank, alpha=float(alpha), targets=self.lora_targets or "all-linear",
+                    dropout=float(self.lora_dropout or 0.0), bits=self.lora_bits)
 
 
 def _log2(x: float) -> float:
@@ -392,24 +457,32 @@ def _coerce(where: str, value: Any, hint: Any) -> Any:
             raise ValueError(f"{where}: expected true or false, got {value!r}")
         return value
     if hint is int:
-        if isinstance(value, str):
+        if isinstance(value, str) and len(value) <= MAX_NUMBER_CHARS:
             try:  # PyYAML reads "1e12" (no dot) as a string
                 value = float(value)
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, int):
-            if isinstance(value, float) and value.is_integer() and abs(value) < 2**63:
+            if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_INT:
                 return int(value)  # YAML reads 1e12 as a float; an integral float is the number meant
-            raise ValueError(f"{where}: expected an integer, got {value!r}")
+            if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+                raise ValueError(f"{where}: {value:.4g} is too large (at most {MAX_INT:.4g})")
+            raise ValueError(f"{where}: expected an integer, got {_short(value)}")
+        if abs(value) > MAX_INT:
+            raise ValueError(f"{where}: {_short(value)} is too large (at most {MAX_INT:.4g})")
         return value
     if hint is float:
-        if isinstance(value, str):
+        if isinstance(value, str) and len(value) <= MAX_NUMBER_CHARS:
             try:  # PyYAML reads "3e-4" (no dot) as a string
-                return float(value)
+                value = float(value)
             except ValueError:
                 pass
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{where}: expected a number, got {value!r}")
+            raise ValueError(f"{where}: expected a number, got {_short(value)}")
+        if isinstance(value, int) and abs(value) > MAX_INT:
+            raise ValueError(f"{where}: {_short(value)} is too large (at most {MAX_INT:.4g})")
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: expected a finite number, got {value!r}")
         return float(value)
     if hint is str:
         if not isinstance(value, str):
@@ -418,7 +491,25 @@ def _coerce(where: str, value: Any, hint: Any) -> Any:
     raise TypeError(f"unsupported annotation {hint!r} for {where}")  # a programmer mistake
 
 
-def _section(name: str, data: Any, *, source: str) -> Any:
+def _short(value: Any) -> str:
+    """``repr`` cut to 60 characters (a 5,000-digit number in an error is no help)."""
+    if isinstance(value, int) and abs(value) >= 10**60:  # str() of a 5,000-digit int is a ValueError
+        return f"a {int(abs(value).bit_length() * math.log10(2)) + 1}-digit number"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _numeric(hint: Any) -> bool:
+    """Whether a field holds numbers (int, float, a tuple of them, optionally None)."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return any(_numeric(a) for a in args if a is not type(None))
+    if typing.get_origin(hint) is tuple:
+        return all(_numeric(a) for a in args)
+    return hint in (int, float)
+
+
+def _section(name: str, data: Any, *, source: str, marks: dict | None = None) -> Any:
     cls = SECTIONS[name]
     if data is None:
         data = {}
@@ -430,22 +521,37 @@ def _section(name: str, data: Any, *, source: str) -> Any:
         )
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
+    marks = marks or {}
     values = {}
     for key, value in data.items():
+        where = _where(source, marks, f"{name}.{key}")
         if key not in known:
             raise DstkError(
                 f"{name}.{key}: unknown key",
                 hint=_did_you_mean(str(key), known),
-                location=source,
+                location=where,
+            )
+        if marks.get(f"{name}.{key}", (0, False))[1] and _numeric(hints[key]):
+            raise DstkError(
+                f"{name}.{key}: {_short(value)} is a quoted string, not a number",
+                hint=f"write the number without quotes: `{key}: {value if isinstance(value, str) else '...'}`",
+                location=where,
             )
         try:
             values[key] = _coerce(f"{name}.{key}", value, hints[key])
         except ValueError as exc:
-            raise DstkError(str(exc), hint=_field_help(cls, key), location=source) from None
+            raise DstkError(str(exc), hint=_field_help(cls, key), location=where) from None
     try:
         return cls(**values)
     except ValueError as exc:
-        raise DstkError(_split_fix(exc)[0], hint=_hint_for(exc), location=source) from None
+        raise DstkError(_split_fix(exc)[0], hint=_hint_for(exc), location=_where(source, marks, str(exc))) from None
+
+
+def _where(source: str, marks: dict, field: str) -> str:
+    """``file:line`` of ``section.key`` (or of the field an error message starts with) when known."""
+    field = field.split(":", 1)[0].split("[")[0].strip()
+    line = marks.get(field, (None,))[0] or marks.get(field.split(".")[0], (None,))[0]
+    return f"{source}:{line}" if line else source
 
 
 def _field_help(cls: type, key: str) -> str:
@@ -471,8 +577,11 @@ def _hint_for(exc: ValueError) -> str:
     return "fix the value named above"
 
 
-def intent_from_dict(data: Any, *, source: str = "<intent>") -> Intent:
-    """Build an ``Intent`` from parsed YAML; every error names the field and a fix."""
+def intent_from_dict(data: Any, *, source: str = "<intent>", marks: dict | None = None) -> Intent:
+    """Build an ``Intent`` from parsed YAML; every error names the field and a fix. ``marks`` (from
+    ``parse_intent_text``) maps ``section.key`` to ``(line, quoted)``, for ``file:line`` in errors and to
+    refuse a quoted number."""
+    marks = marks or {}
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -483,45 +592,168 @@ def intent_from_dict(data: Any, *, source: str = "<intent>") -> Intent:
         )
     for key in data:
         if key not in SECTIONS:
-            raise DstkError(f"{key}: unknown section", hint=_did_you_mean(str(key), SECTIONS), location=source)
+            raise DstkError(f"{key}: unknown section", hint=_did_you_mean(str(key), SECTIONS),
+                            location=_where(source, marks, str(key)))
     if "model" not in data:
         raise DstkError(
             "model: missing",
             hint="add `model: {name: llama-3-8b}` or the dimensions (num_layers, hidden_size, num_heads, vocab_size)",
             location=source,
         )
-    sections = {name: _section(name, data.get(name), source=source) for name in SECTIONS}
+    sections = {name: _section(name, data.get(name), source=source, marks=marks) for name in SECTIONS}
     try:
         return Intent(**sections)
     except ValueError as exc:
-        raise DstkError(_split_fix(exc)[0], hint=_hint_for(exc), location=source) from None
+        raise DstkError(_split_fix(exc)[0], hint=_hint_for(exc), location=_where(source, marks, str(exc))) from None
 
 
-def load_intent(path: str | os.PathLike) -> Intent:
-    """Read an intent YAML file."""
-    import yaml
+def read_intent_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of an intent file: a regular file or a pipe of at most ``MAX_INTENT_BYTES``; a
+    directory, a device (``/dev/zero``) or a larger file is refused with the path and a fix."""
+    import stat
 
     try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
+        fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
         raise UsageError(f"cannot read the intent: {exc.strerror}", location=str(path), hint="check the path") from None
     try:
-        data = yaml.safe_load(text)
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise UsageError("the intent is a directory, not a YAML file", location=str(path),
+                             hint="give the intent YAML file inside it (see examples/intents/)")
+        if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+            raise UsageError("the intent is a device or socket, not a YAML file", location=str(path),
+                             hint="give an intent YAML file (see examples/intents/), or - for standard input")
+        chunks, size = [], 0
+        while size <= MAX_INTENT_BYTES and (chunk := os.read(fd, MAX_INTENT_BYTES + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+        data = b"".join(chunks)
+    except OSError as exc:
+        raise UsageError(f"cannot read the intent: {exc.strerror}", location=str(path), hint="check the path") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_INTENT_BYTES:
+        raise DstkError(f"the intent is larger than {MAX_INTENT_BYTES >> 20} MiB; an intent is a few lines of YAML",
+                        location=str(path), hint="give the intent YAML file (see examples/intents/)")
+    return data
+
+
+def parse_intent_text(raw: bytes | str, *, source: str) -> tuple[Any, dict]:
+    """Parse an intent's YAML (JSON is YAML too) strictly: the data and ``marks`` (``section.key`` ->
+    ``(line, quoted)``). Refused with ``file:line`` and a fix: binary or non-UTF-8 bytes, YAML
+    errors, more than ``MAX_NESTING`` levels (PyYAML's composer recurses, so 10,000 levels would be a
+    RecursionError), aliases (``&a [*a]`` is a cycle; nine aliases over nine levels, "billion laughs",
+    are 9**9 values), numbers of more than ``MAX_NUMBER_CHARS`` characters (Python refuses to read an
+    int of more than 4,300 digits) and duplicate keys (PyYAML keeps the last one silently)."""
+    import yaml
+
+    if isinstance(raw, bytes):
+        if b"\x00" in raw:
+            line = raw[: raw.index(b"\x00")].count(b"\n") + 1
+            raise DstkError("the intent is a binary file (it holds NUL bytes), not YAML", location=f"{source}:{line}",
+                            hint="give an intent YAML file (see examples/intents/)")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = raw[: exc.start].count(b"\n") + 1
+            raise DstkError(f"the intent is not UTF-8 text (byte 0x{raw[exc.start]:02x})", location=f"{source}:{line}",
+                            hint="save the file as UTF-8 (an intent needs only ASCII)") from None
+    else:
+        text = raw
+
+    def fail(message: str, mark, hint: str) -> DstkError:
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
+        return DstkError(message, hint=hint, location=where)
+
+    resolver = yaml.resolver.Resolver()  # the plain-scalar tags of SafeLoader
+    try:
+        depth = 0
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+                depth += 1
+                if depth > MAX_NESTING:
+                    raise fail(f"nested more than {MAX_NESTING} levels deep; an intent has 2 (section: key: value)",
+                               event.start_mark, "see examples/intents/ for the shape")
+            elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+                depth -= 1
+            elif isinstance(event, yaml.AliasEvent):  # `*a` nine times over nine levels: 9**9 values
+                raise fail(f"a YAML alias (*{event.anchor}): intents are read without aliases (a cyclic or "
+                           "exponentially expanding one would hang dstk)",
+                           event.start_mark, "write the value out where the alias is")
+            elif isinstance(event, yaml.ScalarEvent) and len(event.value) > MAX_NUMBER_CHARS and event.style is None \
+                    and resolver.resolve(yaml.ScalarNode, event.value, (True, False)) in _NUMBER_TAGS:
+                raise fail(f"a {len(event.value)}-character number; no intent field takes one that large",
+                           event.start_mark, "give a realistic value (counts are at most 2**63)")
+        loader = yaml.SafeLoader(text)
+        try:
+            node = loader.get_single_node()
+            marks: dict[str, tuple[int, bool]] = {}
+            _check_keys(node, prefix="", marks=marks, fail=fail)
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise DstkError(
-            f"not valid YAML: {getattr(exc, 'problem', None) or exc}", hint="fix the YAML syntax", location=where
-        ) from None
-    return intent_from_dict(data, source=str(path))
+        raise fail(f"not valid YAML: {getattr(exc, 'problem', None) or exc}", mark, "fix the YAML syntax") from None
+    return data, marks
 
 
-def with_overrides(intent: Intent | None, overrides: dict[str, dict[str, Any]], *, source: str = "flags") -> Intent:
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+"""What PyYAML's resolver makes of a plain scalar that is a number (decimal, 0x, 0o, 0b, 1:30 base 60)."""
+
+
+def _check_keys(node, *, prefix: str, marks: dict, fail) -> None:
+    """Walk the composed YAML: refuse a key given twice (also in a JSON intent), and note where each
+    ``section.key`` is and whether its value was quoted."""
+    import yaml
+
+    if isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            _check_keys(item, prefix=prefix, marks=marks, fail=fail)
+        return
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[str, int] = {}
+    for key_node, value_node in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = key_node.value if isinstance(key_node, yaml.ScalarNode) else "?"
+        if key in seen:
+            name = f"{prefix}{key}"
+            raise fail(f"{name}: given twice (first on line {seen[key]}); the YAML/JSON reader would keep the last "
+                       "one silently",
+                       key_node.start_mark, f"keep one `{key}:` line")
+        seen[key] = key_node.start_mark.line + 1
+        quoted = isinstance(value_node, yaml.ScalarNode) and value_node.style in ("'", '"') or (
+            isinstance(value_node, yaml.SequenceNode)
+            and any(isinstance(v, yaml.ScalarNode) and v.style in ("'", '"') for v in value_node.value))
+        marks.setdefault(f"{prefix}{key}", (key_node.start_mark.line + 1, quoted))
+        _check_keys(value_node, prefix=f"{prefix}{key}.", marks=marks, fail=fail)
+
+
+def intent_from_text(raw: bytes | str, *, source: str) -> Intent:
+    """An ``Intent`` from YAML text or bytes (``parse_intent_text``); an empty document is refused."""
+    data, marks = parse_intent_text(raw, source=source)
+    if data is None:
+        raise DstkError("the intent is empty", location=source,
+                        hint="write model/cluster/training sections (see examples/intents/)")
+    return intent_from_dict(data, source=source, marks=marks)
+
+
+def load_intent(path: str | os.PathLike) -> Intent:
+    """Read an intent YAML (or JSON) file, strictly (``read_intent_bytes``, ``parse_intent_text``)."""
+    return intent_from_text(read_intent_bytes(path), source=str(path))
+
+
+def with_overrides(intent: Intent | None, overrides: dict[str, dict[str, Any]], *, source: str = "flags",
+                   flags: dict[str, str] | None = None) -> Intent:
     """Apply flag values (``{"training": {"seq_len": 4096}}``) over an intent; flags win.
 
     Setting a model name drops the dimensions and vice versa, so ``--model`` replaces a
-    dimension-mode model from the file instead of clashing with it."""
+    dimension-mode model from the file instead of clashing with it. ``flags`` maps
+    ``section.field`` to the flag that set it (``--seq-len``): an error about that field then
+    names the flag and its value."""
     base = intent.to_dict() if intent is not None else {}
     merged: dict[str, dict] = {name: dict(base.get(name, {})) for name in SECTIONS}
     for section, values in overrides.items():
@@ -543,7 +775,104 @@ def with_overrides(intent: Intent | None, overrides: dict[str, dict[str, Any]], 
             "no model given",
             hint="pass an intent file, or --model NAME, or --num-layers/--hidden-size/--num-heads/--vocab-size",
         )
-    return intent_from_dict(merged, source=source if intent is None else f"{source} over the intent file")
+    try:
+        return intent_from_dict(merged, source=source if intent is None else f"{source} over the intent file")
+    except DstkError as exc:
+        field = exc.message.split(":", 1)[0]
+        if flags and field in flags:
+            section, _, key = field.partition(".")
+            value = overrides.get(section, {}).get(key)
+            shown = " ".join(str(v) for v in value) if isinstance(value, (list, tuple)) else str(value)
+            raise DstkError(f"{flags[field]} {_short(shown) if len(shown) > 60 else shown}: "
+                            f"{exc.message.split(':', 1)[1].strip()} ({field})", hint=exc.hint) from None
+        raise
+
+
+def flag_number(flag: str, kind: type) -> typing.Callable[[str], int | float]:
+    """An argparse ``type`` for a numeric flag that refuses, naming the flag with a fix (a
+    ``DstkError``, exit 1, where argparse would exit 2 with "invalid int value" or, for ``inf``,
+    ``nan`` and 5,000-digit numbers, pass them on): text that is not a number, non-finite values,
+    more than ``MAX_NUMBER_CHARS`` characters, and for ``int`` a fraction or more than ``MAX_INT``.
+    ``1e12`` is read as an integer where it is one. Ranges (positive, at most 1) are the intent's."""
+
+    def parse(text: str) -> int | float:
+        word = text.strip().replace("_", "")
+        what = "an integer" if kind is int else "a number"
+        example = f"give {what}, e.g. {flag} 8" if kind is int else f"give a finite {what[2:]} (see --help for {flag})"
+        if len(word) > MAX_NUMBER_CHARS:
+            raise DstkError(f"{flag}: a {len(word)}-character value; expected {what} of at most "
+                            f"{MAX_NUMBER_CHARS} characters", hint=example)
+        try:
+            value: int | float = int(word) if kind is int and word.lstrip("+-").isdigit() else float(word)
+        except ValueError:
+            raise DstkError(f"{flag} {text!r}: expected {what}", hint=example) from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise DstkError(f"{flag} {text}: expected a finite number", hint=example)
+        if kind is int:
+            if isinstance(value, float):
+                if not value.is_integer():
+                    raise DstkError(f"{flag} {text}: expected a whole number", hint=example)
+                if abs(value) > MAX_INT:
+                    raise DstkError(f"{flag} {text}: too large (at most {MAX_INT:.4g})", hint=example)
+                value = int(value)
+            if abs(value) > MAX_INT:
+                raise DstkError(f"{flag} {text}: too large (at most {MAX_INT:.4g})", hint=example)
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+FLAG_RANGES: dict[str, float] = {
+    "params": 1e16, "tokens": 1e18, "num_layers": MAX_INT, "hidden_size": MAX_INT, "num_heads": MAX_INT,
+    "vocab_size": MAX_INT, "ffn_hidden_size": MAX_INT, "num_kv_heads": MAX_INT,
+    "gpus": MAX_NODES * MAX_GPUS_PER_NODE, "gpus_per_node": MAX_GPUS_PER_NODE, "gpu_memory_gib": MAX_GIB,
+    "gpu_tflops": MAX_TFLOPS, "tp": MAX_GPUS_PER_NODE * MAX_NODES, "pp": MAX_GPUS_PER_NODE * MAX_NODES,
+    "virtual_stages": MAX_INT, "micro_batch": MAX_GLOBAL_BATCH, "global_batch": MAX_GLOBAL_BATCH, "seq_len": MAX_INT,
+}
+"""Flags of ``dstk estimate`` (by argparse dest) that take a positive number, and their largest value."""
+
+
+def check_flag_ranges(args) -> None:
+    """Refuse, naming the flag (exit 1), a given ``FLAG_RANGES`` flag that is zero, negative or
+    larger than its maximum: never replace it by a default (``--seq-len 0`` used to become the
+    model's length) and never let it reach the arithmetic (``--micro-batch 0``: a ZeroDivisionError)."""
+    for dest, maximum in FLAG_RANGES.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        shown = f"{value:g}" if isinstance(value, float) else str(value)
+        if not value > 0:
+            raise DstkError(f"{flag} {shown}: expected a positive number",
+                            hint=f"give a positive {flag}, or leave it out")
+        if value > maximum:
+            raise DstkError(f"{flag} {shown}: more than dstk estimates for (at most {maximum:,.0f})",
+                            hint=f"give a realistic {flag}")
+
+
+def harden_numeric_flags(parser) -> None:
+    """Give every ``type=int``/``type=float`` option of ``parser`` the checks of ``flag_number``."""
+    for action in parser._actions:
+        if action.type in (int, float) and action.option_strings:
+            flag = max(action.option_strings, key=len)
+            action.type = flag_number(flag, action.type)
+            if action.choices is not None:  # --zero 5: the same exit 1 naming the flag as --zero abc
+                action.type = _one_of(flag, action.type, tuple(action.choices))
+                action.metavar = action.metavar or "{" + ",".join(str(c) for c in action.choices) + "}"
+                action.choices = None
+
+
+def _one_of(flag: str, parse, choices: tuple) -> typing.Callable[[str], int | float]:
+    def checked(text: str) -> int | float:
+        value = parse(text)
+        if value not in choices:
+            listed = ", ".join(str(c) for c in choices)
+            raise DstkError(f"{flag} {text}: expected one of {listed}", hint=f"e.g. {flag} {choices[-1]}")
+        return value
+
+    checked.__name__ = parse.__name__
+    return checked
 
 
 def _field_docs() -> dict[tuple[str, str], str]:

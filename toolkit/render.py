@@ -424,34 +424,246 @@ def _dumps(data) -> str:
     return json.dumps(data, indent=2) + "\n"
 
 
-def write_files(directory: str | os.PathLike, files: dict[str, str], *, force: bool) -> list[Path]:
-    """Write ``{name: text}`` into ``directory`` atomically, file by file (temp file + os.replace).
+TEMP_TAG = ".dstk-tmp-"
+"""Temporary siblings are named ``.NAME.dstk-tmp-XXXXXXXX`` (NAME: the directory being written)."""
 
-    An existing non-empty directory is refused unless ``force``; nothing is written then."""
-    from dstk.errors import UsageError
+
+def _umask() -> int:
+    """The process umask (read by setting it and putting it back; the CLI is single-threaded here)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def check_output_dir(directory: str | os.PathLike, *, flag: str = "--output") -> None:
+    """Refuse, before any work, an output directory that cannot be made: a path below a regular file,
+    through a dangling symlink, or in a directory this user cannot write. The error names the path
+    and a fix (exit 1); nothing is created here."""
+    from dstk.errors import DstkError
 
     out = Path(directory)
+    if os.path.islink(out) and not out.exists():
+        raise DstkError(f"{flag} {out}: a symlink to {os.readlink(out)}, which does not exist",
+                        hint=f"create {os.readlink(out)} first, remove the dangling link, or choose another {flag}")
     if out.exists() and not out.is_dir():
-        raise UsageError(f"{out} exists and is not a directory", hint="choose another --output")
+        raise DstkError(f"{flag} {out}: exists and is not a directory",
+                        hint=f"choose another {flag} (a directory path), or move {out} away")
+    probe = out.parent
+    while not os.path.lexists(probe) and probe != probe.parent:
+        probe = probe.parent
+    if os.path.islink(probe) and not probe.exists():
+        raise DstkError(f"{flag} {out}: {probe} is a symlink to {os.readlink(probe)}, which does not exist",
+                        hint=f"create {os.readlink(probe)}, remove the dangling link, or choose another {flag}")
+    if probe.exists() and not probe.is_dir():
+        raise DstkError(f"{flag} {out}: {probe} is a file, so nothing can be made below it",
+                        hint=f"choose an {flag} outside {probe}, e.g. {probe.parent / (probe.name + '-run')}")
+    for place in ((probe, out) if out.is_dir() else (probe,)):
+        if not os.access(place, os.W_OK | os.X_OK):
+            raise DstkError(f"{flag} {out}: {place} is not writable by this user",
+                            hint=f"choose an {flag} in a directory you can write, or fix its permissions "
+                                 f"(chmod u+w {place})")
+
+
+def _write_file(directory: Path, name: str, text: str) -> Path:
+    """One new file, created with mode 0666 so that the umask applies as it does for any tool (0644
+    under umask 022), written and fsynced."""
+    target = directory / name
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return target
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one step: renameat2(RENAME_EXCHANGE) (Linux >= 3.15; ext4, xfs, btrfs,
+    tmpfs, overlayfs) or renamex_np(RENAME_SWAP) (macOS). False where neither is available, so the
+    caller falls back to two renames."""
+    import ctypes
+    import errno
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    # int renameat2(int olddirfd, const char *oldpath, int newdirfd, const char *newpath, unsigned int flags)
+    if hasattr(libc, "renameat2"):
+        rc = libc.renameat2(-100, os.fsencode(a), -100, os.fsencode(b), ctypes.c_uint(2))  # AT_FDCWD, RENAME_EXCHANGE
+    elif hasattr(libc, "renamex_np"):  # int renamex_np(const char *from, const char *to, unsigned flags)
+        rc = libc.renamex_np(os.fsencode(a), os.fsencode(b), ctypes.c_uint(2))  # RENAME_SWAP
+    else:
+        return False
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _link_tree(src: str, dst: str) -> None:
+    """``src`` recreated at ``dst`` without copying data: files as hard links, symlinks as symlinks,
+    directories walked (their modes kept)."""
+    if os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+    elif os.path.isdir(src):
+        os.mkdir(dst, 0o700)
+        with os.scandir(src) as entries:
+            for entry in entries:
+                _link_tree(entry.path, os.path.join(dst, entry.name))
+        os.chmod(dst, os.stat(src).st_mode & 0o7777)
+    else:
+        os.link(src, dst, follow_symlinks=False)
+
+
+def _leftover_of(name: str, written: dict[str, str]) -> bool:
+    """A temp file that an older per-file writer (``.plan.json.XXXX``) left when it was killed."""
+    return any(name.startswith(f".{w}.") for w in written)
+
+
+def _remove_stale(parent: Path, name: str) -> None:
+    """Remove the temporary siblings of ``parent/name`` that no live writer holds: a writer holds an
+    exclusive flock(2) on its temporary directory until it ends, and the kernel drops the lock when
+    the process dies (also by SIGKILL), so an unlocked one is the remains of a killed run."""
+    import fcntl
+    import shutil
+
+    for entry in parent.glob(f".{name}{TEMP_TAG}*"):
+        try:
+            fd = os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            continue  # a live writer's
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
+def _write_in_place(out: Path, shown: Path, files: dict[str, str]) -> list[Path]:
+    """``-o .`` (the directory this process, and the user's shell, are in): swapping it would leave
+    the shell in a deleted directory, so each file is replaced on its own (temp file + rename:
+    every file whole, but not the set). Temp files are named ``.NAME.dstk-tmp-XXXX`` and a later
+    write removes any that a killed writer left."""
+    from dstk.errors import DstkError
+
+    written = []
+    for stale in out.glob(".*" + TEMP_TAG + "*"):
+        if any(stale.name.startswith(f".{name}{TEMP_TAG}") for name in files):
+            stale.unlink(missing_ok=True)
+    try:
+        for name, text in files.items():
+            fd, tmp = tempfile.mkstemp(prefix=f".{name}{TEMP_TAG}", dir=out)
+            try:
+                os.fchmod(fd, 0o666 & ~_umask())
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(text)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.replace(tmp, out / name)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+            written.append(shown / name)
+    except OSError as exc:
+        raise DstkError(f"--output {shown}: cannot write it: {exc.strerror} ({exc.filename or out})",
+                        hint="choose an --output in a directory you can write, with free space") from None
+    return written
+
+
+def write_files(directory: str | os.PathLike, files: dict[str, str], *, force: bool) -> list[Path]:
+    """Write ``{name: text}`` as the directory ``directory``, complete or not at all.
+
+    The files go into a temporary sibling ``.NAME.dstk-tmp-XXXXXXXX`` (each fsynced), which is then
+    renamed into place (rename(2) is atomic). Over an existing directory (``force``, or an empty
+    one) the two are swapped in one step (``_exchange``), so the old directory stays whole until the
+    new one is complete; entries of the old one that ``files`` does not name (checkpoints, the
+    user's own files) come along as hard links, so ``--force`` replaces only what dstk writes, as
+    before. Files get mode 0666 less the umask, the directory 0777 less the umask (or the old
+    directory's mode). A writer killed at any point (SIGKILL included) leaves the old directory or
+    the new one, never a mix, plus at most an unlocked temporary sibling, which the next write of
+    the same directory removes (``_remove_stale``).
+
+    An existing non-empty directory is refused unless ``force``; nothing is written then. A path
+    that cannot be a directory is refused first (``check_output_dir``). The directory the process
+    is in (``-o .``) is written file by file instead (``_write_in_place``)."""
+    import fcntl
+    import shutil
+
+    from dstk.errors import DstkError, UsageError
+
+    shown = Path(directory)
+    check_output_dir(shown)
+    out = Path(os.path.realpath(shown))
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UsageError(
-            f"{out} already exists and is not empty",
+            f"{shown} already exists and is not empty",
             hint="choose another --output, or pass --force to overwrite the files dstk writes there",
         )
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, text in files.items():
-        target = out / name
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        written.append(target)
-    return written
+    here = os.path.realpath(os.getcwd())
+    if out.is_dir() and (here == str(out) or here.startswith(str(out) + os.sep)):
+        return _write_in_place(out, shown, files)
+    parent = out.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale(parent, out.name)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{TEMP_TAG}", dir=parent))
+    except OSError as exc:
+        raise DstkError(f"--output {shown}: cannot create it: {exc.strerror} ({exc.filename or parent})",
+                        hint="choose an --output in a directory you can write, with free space") from None
+    lock = os.open(tmp, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        old_mode = os.stat(out).st_mode & 0o7777 if out.is_dir() else None
+        for name, text in files.items():
+            _write_file(tmp, name, text)
+        if old_mode is not None:
+            with os.scandir(out) as entries:
+                for entry in entries:
+                    if entry.name not in files and not _leftover_of(entry.name, files):
+                        _link_tree(entry.path, str(tmp / entry.name))
+        os.chmod(tmp, old_mode if old_mode is not None else 0o777 & ~_umask())  # last: 0555 would stop the writes
+        _fsync_dir(tmp)
+        if old_mode is None:
+            os.rename(tmp, out)
+        elif not _exchange(tmp, out):
+            aside = Path(tempfile.mkdtemp(prefix=f".{out.name}{TEMP_TAG}", dir=parent))
+            os.rename(out, aside / out.name)  # no RENAME_EXCHANGE here: a short window without the directory
+            try:
+                os.rename(tmp, out)
+            except OSError:
+                os.rename(aside / out.name, out)
+                os.rmdir(aside)
+                raise
+            tmp = aside
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DstkError(f"--output {shown}: cannot write it: {exc.strerror} ({exc.filename or tmp})",
+                        hint="choose an --output in a directory you can write, with free space; "
+                             "nothing was changed") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    finally:
+        os.close(lock)
+    shutil.rmtree(tmp, ignore_errors=True)  # the old directory, after a swap
+    try:
+        _fsync_dir(parent)  # the rename itself, durable across a power cut
+    except OSError:
+        pass
+    return [shown / name for name in files]
 
 
 def run_files(

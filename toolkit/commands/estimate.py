@@ -63,7 +63,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--optimizer", choices=["adamw", "adam", "sgd", "lion", "adafactor"], help="default adamw")
     t.add_argument("--attention", choices=["sdpa", "eager", "flash"], default="sdpa")
     t.add_argument("--tokens", type=float, metavar="T", help="token budget, for the time to train")
+    from dstk.commands.plan import add_lora_arguments
+
+    add_lora_arguments(parser)  # the same --lora-* flags as plan, generate and finetune
     parser.add_argument("--format", choices=["human", "json"], default="human")
+    from dstk.intent import harden_numeric_flags
+
+    harden_numeric_flags(parser)  # inf, nan, 5,000 digits, "abc": exit 1 naming the flag
 
 
 def model_from_args(args: argparse.Namespace):
@@ -148,6 +154,25 @@ def layout_and_training(args: argparse.Namespace, model):
     return layout, training
 
 
+def _with_lora(args: argparse.Namespace, *, training, layout, model):
+    """``training`` with the ``--lora-*`` flags over its LoRA settings (an intent's), checked as
+    ``dstk finetune`` would run them: data parallelism and ZeRO only, a model with a shape."""
+    import dataclasses
+
+    from dstk.commands.plan import lora_over
+
+    lora = lora_over(args, training.lora)
+    if lora is None:
+        return dataclasses.replace(training, lora=None) if training.lora is not None else training
+    if layout.tp > 1 or layout.pp > 1:
+        raise UsageError(f"LoRA with tp={layout.tp}, pp={layout.pp}: AutoTP and the pipeline engine do not know peft's "
+                         "LoRA layers", hint="drop --tp/--pp: LoRA runs on data parallelism and ZeRO")
+    if isinstance(model, int):
+        raise UsageError("LoRA needs the model's shape to size its adapters, not --params",
+                         hint="give --model NAME or the dimensions")
+    return dataclasses.replace(training, lora=lora)
+
+
 def _gib(n) -> str:
     """Bytes in the largest binary unit that keeps the figure >= 1 (tiny CPU models read as KiB)."""
     if n is None:
@@ -197,6 +222,12 @@ def _draw_human(con, est) -> None:
         rows.append(["cpu", _gib(mem.cpu_bytes), "per rank (offload)"])
         rows.append(["nvme", _gib(mem.nvme_bytes), "per rank (offload)"])
     notes = []
+    lora = getattr(est.training, "lora", None)
+    if lora is not None:
+        from dstk.estimate.lora import lora_facts, why_line
+
+        notes.append(why_line(lf=lora_facts(model=est.model, lora=lora), lora=lora, precision=est.training.precision,
+                              zero_stage=est.layout.zero_stage))
     if len(mem.per_stage) > 1:
         notes.append("per stage: " + ", ".join(f"{s.stage}: {s.num_layers} layers {_gib(s.total_bytes)}"
                                                for s in mem.per_stage))
@@ -371,6 +402,9 @@ def run(args: argparse.Namespace) -> int:
     from dstk.estimate import ZeroBuffers, estimate
 
     buffers, notes = ZeroBuffers(), ()
+    from dstk.intent import check_flag_ranges
+
+    check_flag_ranges(args)  # 0, -1, 1e300 for --gpus, --seq-len, --gpu-memory-gib ...: exit 1 naming the flag
     if getattr(args, "from_file", None):
         from dstk.importers import estimate_args
 
@@ -385,6 +419,7 @@ def run(args: argparse.Namespace) -> int:
         model = model_from_args(args)
         cluster = cluster_from_args(args)
         layout, training = layout_and_training(args, model)
+    training = _with_lora(args, training=training, layout=layout, model=model)
     est = estimate(model=model, layout=layout, training=training, cluster=cluster, buffers=buffers)
     if args.format == "json":
         data = est.to_dict()

@@ -14,8 +14,10 @@ DESCRIPTION = (
     "Plan as `dstk plan` does, then write the chosen plan into --output: ds_config.json (for "
     "deepspeed.initialize), ds_config.hf.json (for transformers' Trainer, with \"auto\"), training_args.json "
     "(the TrainingArguments that fill those \"auto\"), accelerate_config.yaml (accelerate launch), megatron.args, "
-    "plan.json and README.md. Every config is validated before it is written; files are written atomically; "
-    "an existing non-empty directory is refused without --force."
+    "plan.json and README.md. Every config is validated before it is written. The directory appears complete or "
+    "not at all (written as a hidden sibling, then renamed into place; with --force the old one is swapped out "
+    "only once the new one is complete, and files dstk does not write are kept); files follow the umask. "
+    "An existing non-empty directory is refused without --force."
 )
 
 
@@ -23,7 +25,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_intent_arguments(parser)
     parser.add_argument("--output", "-o", required=True, metavar="DIR",
                         help="run directory to write (a directory: not -)")
-    parser.add_argument("--force", action="store_true", help="overwrite the files in an existing DIR")
+    parser.add_argument("--force", action="store_true",
+                        help="replace the files dstk writes in an existing DIR (others are kept)")
     parser.add_argument("--pick", type=int, default=1, metavar="N",
                         help="write the N-th plan of `dstk plan` (1 = best, the default)")
     parser.add_argument("--format", choices=["human", "json"], default="human")
@@ -31,9 +34,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def refuse_stdout_dir(output, *, what: str, hint: str) -> None:
     """``-`` means standard output to most tools; where a command writes a directory it would be a
-    directory named ``-``: refuse it (generate, demo, finetune and export call this first)."""
+    directory named ``-``: refuse it (generate, demo, finetune and export call this first). Then refuse,
+    before any work, a path where no directory can be made (below a regular file, through a dangling
+    symlink, in a directory this user cannot write): ``dstk.render.check_output_dir``, exit 1."""
+    from dstk.render import check_output_dir
+
     if str(output) == "-":
         raise UsageError(f"--output - : {what} cannot be standard output", hint=hint)
+    check_output_dir(output)
 
 
 def run(args: argparse.Namespace) -> int:

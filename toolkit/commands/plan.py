@@ -49,6 +49,11 @@ _FLAGS: list[tuple[str, str, str, dict]] = [
     ("--betas", "training", "betas", {"type": float, "nargs": 2, "metavar": ("BETA1", "BETA2")}),
     ("--eps", "training", "eps", {"type": float, "metavar": "EPS"}),
     ("--grad-clip", "training", "grad_clip", {"type": float, "metavar": "NORM"}),
+    ("--lora-rank", "training", "lora_rank", {"type": int, "metavar": "R"}),
+    ("--lora-alpha", "training", "lora_alpha", {"type": float, "metavar": "A"}),
+    ("--lora-targets", "training", "lora_targets", {"metavar": "all-linear|q,k,v,o,..."}),
+    ("--lora-dropout", "training", "lora_dropout", {"type": float, "metavar": "P"}),
+    ("--lora-bits", "training", "lora_bits", {"type": int, "choices": [4]}),
     ("--engine", "constraints", "engine", {"choices": ["deepspeed", "megatron"]}),
     ("--nvme-path", "constraints", "nvme_path", {"metavar": "PATH"}),
     ("--max-tp", "constraints", "max_tp", {"type": int}),
@@ -63,6 +68,38 @@ _FLAGS: list[tuple[str, str, str, dict]] = [
     ("--offload-params", "constraints", "offload_params", {"choices": ["none", "cpu", "nvme"]}),
     ("--virtual-stages", "constraints", "virtual_stages", {"type": int}),
 ]
+
+
+LORA_FIELDS: tuple[str, ...] = ("lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "lora_bits")
+
+
+def add_lora_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``--lora-*`` flags alone, exactly as ``add_intent_arguments`` defines them (``_FLAGS``: same
+    names, dests and help): for ``dstk estimate``, whose other flags are its own."""
+    from dstk.intent import field_doc
+
+    group = parser.add_argument_group("LoRA (intent section `training`)")
+    for flag, section, field, kwargs in _FLAGS:
+        if field in LORA_FIELDS:
+            group.add_argument(flag, dest=f"i_{section}__{field}", default=None, help=field_doc(section, field),
+                               **kwargs)
+
+
+def lora_over(args: argparse.Namespace, lora):
+    """``lora`` (an intent's ``dstk.layout.Lora``, or None) with the ``--lora-*`` flags over it; None
+    without a rank. The intent's own checks apply (a flag without ``--lora-rank`` is refused)."""
+    from dstk.errors import UsageError
+    from dstk.intent import TrainingIntent
+
+    values = {} if lora is None else dict(lora_rank=lora.rank, lora_alpha=lora.alpha, lora_targets=lora.targets,
+                                          lora_dropout=lora.dropout, lora_bits=lora.bits)
+    values.update({f: getattr(args, f"i_training__{f}") for f in LORA_FIELDS
+                   if getattr(args, f"i_training__{f}", None) is not None})
+    try:
+        return TrainingIntent(**values).lora
+    except ValueError as exc:
+        message, _, fix = str(exc).partition(" -- fix: ")
+        raise UsageError(message, hint=fix or "e.g. --lora-rank 8 [--lora-alpha 16 --lora-targets q,v]") from None
 
 
 def add_intent_arguments(parser: argparse.ArgumentParser, *, positional_help: str | None = None,
@@ -95,6 +132,9 @@ def add_intent_arguments(parser: argparse.ArgumentParser, *, positional_help: st
     groups["constraints"].add_argument("--tp-across-nodes", dest="i_constraints__tp_across_nodes",
                                        action="store_const", const=True, default=None,
                                        help="allow a TP group to span nodes")
+    from dstk.intent import harden_numeric_flags
+
+    harden_numeric_flags(parser)  # inf, nan, 5,000 digits, "abc": exit 1 naming the flag
 
 
 def intent_from_args(args: argparse.Namespace, *, path: str | None = None):
@@ -109,7 +149,15 @@ def intent_from_args(args: argparse.Namespace, *, path: str | None = None):
         if key.startswith("i_") and "__" in key and value is not None:
             section, field = key[2:].split("__", 1)
             overrides[section][field] = value
+    flags = {f"{section}.{field}": flag for flag, section, field, _ in _FLAGS}
     if args.i_gpus is not None:
+        def bad_count(value) -> bool:  # python 3.11's argparse turns `--gpus=--` into [] without the type
+            return not isinstance(value, int) or value < 1
+
+        if bad_count(args.i_gpus) or bad_count(overrides["cluster"].get("gpus_per_node", 1)):
+            bad = "--gpus" if bad_count(args.i_gpus) else "--gpus-per-node"
+            raise DstkError(f"{bad} {args.i_gpus if bad == '--gpus' else overrides['cluster']['gpus_per_node']}: "
+                            "expected a positive integer", hint=f"e.g. {bad} 8")
         per_node = overrides["cluster"].get("gpus_per_node") or (base.cluster.gpus_per_node if base else 8)
         if args.i_gpus < per_node and "gpus_per_node" not in overrides["cluster"]:
             per_node = args.i_gpus
@@ -126,27 +174,25 @@ def intent_from_args(args: argparse.Namespace, *, path: str | None = None):
     if base is None and not any(overrides["model"].values()):
         raise UsageError("no intent file and no model",
                          hint="pass an intent YAML (examples/intents/) or --model NAME / the model dimensions")
-    return with_overrides(base, overrides)
+    if args.i_gpus is not None:
+        flags.update({"cluster.num_nodes": "--gpus", "cluster.gpus_per_node": "--gpus-per-node"})
+    return with_overrides(base, overrides, flags=flags)
 
 
 def intent_from_stdin():
     """The intent YAML read from standard input (the path ``-``), named ``<stdin>`` in errors."""
-    import yaml
+    from dstk.intent import MAX_INTENT_BYTES, intent_from_dict, parse_intent_text
 
-    from dstk.intent import intent_from_dict
-
-    text = sys.stdin.read()
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"<stdin>:{mark.line + 1}:{mark.column + 1}" if mark else "<stdin>"
-        raise DstkError(f"not valid YAML: {getattr(exc, 'problem', None) or exc}", hint="fix the YAML syntax",
-                        location=where) from None
+    stream = getattr(sys.stdin, "buffer", sys.stdin)
+    text = stream.read(MAX_INTENT_BYTES + 1)
+    if len(text) > MAX_INTENT_BYTES:
+        raise DstkError(f"standard input is larger than {MAX_INTENT_BYTES >> 20} MiB, not an intent",
+                        location="<stdin>", hint="pipe an intent YAML into it (see examples/intents/)")
+    data, marks = parse_intent_text(text, source="<stdin>")
     if data is None:
         raise DstkError("standard input is empty, not an intent", location="<stdin>",
                         hint="pipe an intent YAML into it (see examples/intents/), or drop the -")
-    return intent_from_dict(data, source="<stdin>")
+    return intent_from_dict(data, source="<stdin>", marks=marks)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

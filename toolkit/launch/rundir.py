@@ -45,6 +45,19 @@ def read_plan(run_dir: str | os.PathLike) -> dict:
     return plan
 
 
+def refuse_link_outside(path: Path, *, run_dir: Path) -> None:
+    """A run directory is what every node reads: a file in it that is a symlink to a file outside it
+    (another run's config, a path only this machine has, the original of a copied run) makes the
+    ranks train with a config the plan and validate never saw. Links inside the directory are fine."""
+    if not path.is_symlink():
+        return
+    target, home = path.resolve(), Path(run_dir).resolve()
+    if target != home and home not in target.parents:
+        raise DstkError(f"{path}: a symlink to {target}, outside the run directory {home}",
+                        hint=f"copy the file in: `cp --remove-destination {target} {path}`, then "
+                             f"`dstk validate {path}`; or regenerate the run directory with `dstk generate`")
+
+
 MAX_HOSTFILE_BYTES = 1 << 20
 """A hostfile of a million bytes lists thousands of nodes; more is not a hostfile (``/dev/zero``)."""
 
@@ -126,6 +139,7 @@ def spec_from_run_dir(
     if not ds_config.is_file():
         raise UsageError(f"{ds_config}: no ds_config.json in the run directory",
                          hint="create the run directory with `dstk generate ... --output DIR`")
+    refuse_link_outside(ds_config, run_dir=run_dir)
     if launcher is None:
         launcher = "pdsh" if host_list and node_rank is None else "local"
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
