@@ -59,7 +59,9 @@ def test_cpu_profile_takes_its_peak_from_the_sweep_and_says_so():
     assert gpu.layer_overhead_seconds == pytest.approx(3.5e-3)
     assert {k for k, f in figs.items() if f.source == "measured"} == {
         "bf16_tflops", "gemm_efficiency", "hbm_gbps", "intra_node_efficiency", "layer_overhead_seconds",
-        "step_overhead_seconds"}
+        "step_overhead_seconds", "collective_latency_seconds"}
+    # 256 KiB took 2^18 / 0.12e9 = 2.185 ms; its bytes at the 32 MiB size's 1.1 GB/s take 0.238 ms.
+    assert gpu.collective_latency_seconds == pytest.approx(2.18453e-3 - 0.238313e-3, rel=2e-3)
     assert {"memory_gib", "achievable_fraction", "host_gbps", "fp32_tflops"} <= {
         k for k, f in figs.items() if f.source == "catalog"}
     assert gpu.memory_bytes == get_gpu("cpu").memory_bytes and gpu.fp32_flops == get_gpu("cpu").fp32_flops
@@ -162,9 +164,11 @@ def test_measure_rank_on_this_cpu():
         assert g["flops_per_s"] == pytest.approx(2 * g["m"] * g["n"] * g["k"] / g["seconds"])
         assert 1e7 < g["flops_per_s"] < 1e14
     assert out["copy_bytes_moved"] == 2 * 8 * 2**20 and 1e8 < out["memory_bytes_per_s"] < 1e13
-    assert 0 < out["op_seconds"] < 1e-3
+    # Sanity bounds only: the figures are timings, and a loaded CI machine reorders close ones
+    # (5 layers measured faster than 1 under a load average of 15).
+    assert 0 < out["op_seconds"] < 0.05
     steps = out["layer_steps"]
-    assert 0 < steps["1"] < steps["5"] and out["layer_overhead_seconds"] == steps["floor"] >= 0
+    assert steps["1"] > 0 and steps["5"] > 0 and out["layer_overhead_seconds"] == steps["floor"] >= 0
 
 
 def test_time_call_measures_seconds_per_call():

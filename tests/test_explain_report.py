@@ -41,7 +41,7 @@ def test_text_report_has_the_tables():
     explain.render_text(_report(), console=Console(file=buf, width=160), pictures_note="note")
     text = buf.getvalue()
     for needle in ("Memory per GPU by stage", "Time per step", "1F1B schedule: 4 stages x 8 micro-batches",
-                   "bubble 37.5%", "stage 3:", "Why", "fastest", "50%", "of usable", "note"):
+                   "bubble 37.5%", "stage 3:", "Why", "fastest", "50.0%", "of usable", "note"):
         assert needle in text, needle
 
 

@@ -20,6 +20,8 @@ rank's, as ``dstk.launch.allreduce`` reports the slowest rank's time):
   NVIDIA/nccl-tests doc/PERFORMANCE.md) at the largest size, over the catalog's link bandwidth;
   where the bus bandwidth exceeds the catalog link (a CPU's shared memory has no datasheet
   figure), the link becomes the measured bus bandwidth at efficiency 1.
+- ``collective_latency_seconds``: the per-call cost of a collective (``fit_latency``: the least
+  time an all-reduce of at most 1 MiB took beyond its bytes at the largest size's bus bandwidth).
 - Not measured, kept from the catalog: memory, ``achievable_fraction`` (the fallback for GEMMs
   when there is no curve), host link, overhead. The operator floor (one small operator's time)
   is reported but is not a catalog field. ``step_overhead_seconds``: a 1-layer step minus the layer
@@ -141,6 +143,34 @@ def from_rank_reports(*, measure: dict, allreduce: list[dict]) -> Measurements:
                         step_fixed_seconds=fixed)
 
 
+def _allreduce_seconds(point: BusPoint, num_ranks: int) -> float:
+    """The measured time of one all-reduce back from its bus bandwidth (``busbw = S/t * 2(n-1)/n``)."""
+    return point.size_bytes * 2 * (num_ranks - 1) / num_ranks / point.busbw_bytes_per_s
+
+
+def fit_latency(*, points: tuple[BusPoint, ...], num_ranks: int) -> float | None:
+    """Per-call latency of a collective, the alpha of ``t = alpha + S * 2(n-1)/n / busbw`` (Hockney's
+    model, as nccl-tests' small sizes show it): the bus bandwidth from the largest size, alpha the
+    least that any size up to ``LATENCY_MAX_BYTES`` took beyond its bytes at that bandwidth (never
+    below 0). Load from other processes only adds time, so the least excess is the least disturbed
+    figure; a least-squares line through a few 5-iteration timings swings negative under load. None
+    without such a size and a larger one."""
+    if num_ranks < 2 or len({p.size_bytes for p in points}) < 2:
+        return None
+    high = max(points, key=lambda p: p.size_bytes)
+    small = [p for p in points if p.size_bytes <= LATENCY_MAX_BYTES and p.size_bytes < high.size_bytes]
+    if not small:
+        return None
+    factor = 2 * (num_ranks - 1) / num_ranks
+    return max(0.0, min(_allreduce_seconds(p, num_ranks) - p.size_bytes * factor / high.busbw_bytes_per_s
+                        for p in small))
+
+
+LATENCY_MAX_BYTES = 2**20
+"""Sizes up to 1 MiB give the latency: there the fixed cost is most of the time (a gloo all-reduce of
+16 KiB-1 MiB: 0.3-0.8 ms, nearly flat; NCCL's 8 KiB on NVLink ~10 us, 1 MiB ~15 us)."""
+
+
 def build_profile(*, base: GPU, measured: Measurements, name: str | None = None) -> Profile:
     """The calibrated entry for ``base`` (module docstring: how each figure is derived)."""
     figures: list[Figure] = []
@@ -209,9 +239,21 @@ def build_profile(*, base: GPU, measured: Measurements, name: str | None = None)
                                        "measured bus bandwidth"))
             figures.append(Figure(key="intra_node_efficiency", value=1.0, source="measured",
                                   note="the link above is what the collective reached"))
+        latency = fit_latency(points=measured.allreduce, num_ranks=measured.num_ranks)
+        if latency is not None:
+            small = ", ".join(f"{b.size_bytes / 2**10:g} KiB {_allreduce_seconds(b, measured.num_ranks) * 1e6:.4g} us"
+                              for b in measured.allreduce if b.size_bytes <= LATENCY_MAX_BYTES)
+            changes["collective_latency_seconds"] = _sig(latency, 3)
+            figures.append(Figure(key="collective_latency_seconds", value=changes["collective_latency_seconds"],
+                                  source="measured",
+                                  note=f"fixed cost of one all-reduce: the least of ({small}) less its bytes at "
+                                       f"the {top.size_bytes / 2**20:g} MiB bus bandwidth"))
     else:
         figures.append(Figure(key="intra_node_efficiency", value=base.intra_node_efficiency, source="catalog",
                               note="one rank: no all-reduce to time"))
+    if "collective_latency_seconds" not in changes:
+        figures.append(Figure(key="collective_latency_seconds", value=base.collective_latency_seconds, source="catalog",
+                              note="per-call collective latency, not measured (one rank, or one all-reduce size)"))
     label = name or f"{base.name}, calibrated"
     gpu = base.replace(name=label, **changes)
     written = {f.key for f in figures}

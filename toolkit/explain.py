@@ -185,7 +185,7 @@ def plan_line(rep: dict) -> str:
 def memory_table(rep: dict, *, bars: bool = True) -> tuple[str, list, list[list[str]]]:
     """(title, columns, rows) of the memory per GPU, one row per pipeline stage; ``of usable``
     with a ten-character bar for the terminal (``bars``), or the percentage alone."""
-    from dstk.tables import Col
+    from dstk.tables import Col, percent_text
 
     stages = rep["memory"]["per_stage"]
     unit, scale = _unit(stages)
@@ -201,7 +201,7 @@ def memory_table(rep: dict, *, bars: bool = True) -> tuple[str, list, list[list[
         bar = "-"
         if usable and s.get("total_bytes") is not None:
             filled = int(round(10 * min(1.0, s["total_bytes"] / usable)))
-            bar = f"{s['total_bytes'] / usable:.0%}"
+            bar = percent_text(s["total_bytes"] / usable)
             if bars:
                 bar = "#" * filled + "." * (10 - filled) + " " + bar
         rows.append(row + [bar])
@@ -261,11 +261,14 @@ def offload_line(rep: dict) -> str | None:
 def schedule_lines(rep: dict) -> list[str]:
     if "schedule" not in rep:
         return []
+    from dstk.tables import percent_text
+
     sch = rep["schedule"]
     lines = [f"1F1B schedule: {sch['num_stages']} stages x {sch['num_micro_batches']} micro-batches, "
-             f"bubble {sch['bubble_fraction']:.1%} of the ideal time ((p-1)/m)"]
+             f"bubble {percent_text(sch['bubble_fraction'])} of the ideal time ((p-1)/m)"]
     if sch.get("virtual_stages"):
-        lines.append(f"  interleaved x{sch['virtual_stages']}: bubble {sch['interleaved_bubble_fraction']:.1%} "
+        interleaved = percent_text(sch["interleaved_bubble_fraction"])
+        lines.append(f"  interleaved x{sch['virtual_stages']}: bubble {interleaved} "
                      "((p-1)/(m v)); the timeline below is the plain 1F1B one")
     return lines
 
@@ -509,6 +512,8 @@ def write_pictures(rep: dict, directory: str | Path, *, formats: tuple[str, ...]
 def _schedule_pictures(rep: dict, out: Path, formats: tuple[str, ...]) -> list[Path]:
     import matplotlib.pyplot as plt
 
+    from dstk.tables import percent_text
+
     written: list[Path] = []
     if "schedule" in rep and rep["schedule"]["slots"]:
         sch = rep["schedule"]
@@ -527,7 +532,7 @@ def _schedule_pictures(rep: dict, out: Path, formats: tuple[str, ...]) -> list[P
         ax.set_yticks(range(p), [f"stage {i}" for i in range(p)])
         ax.invert_yaxis()
         ax.set_xlabel("time (forward passes)")
-        ax.set_title(f"1F1B: {p} stages, {m} micro-batches, bubble {sch['bubble_fraction']:.0%} of ideal")
+        ax.set_title(f"1F1B: {p} stages, {m} micro-batches, bubble {percent_text(sch['bubble_fraction'])} of ideal")
         handles = [Patch(color=c, label=n) for c, n in
                    (("#6fa8dc", "forward"), ("#93c47d", "backward"), ("#f4cccc", "bubble (idle)"))]
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=3, fontsize="small")

@@ -84,6 +84,13 @@ class GPU:
     so priced once per step). 0 in the catalog: negligible on a GPU, and the ``cpu`` entry folds it
     into ``layer_overhead_seconds``; ``dstk doctor --calibrate`` measures both."""
 
+    collective_latency_seconds: float = 10e-6
+    """Fixed cost of one collective call inside the node, whatever its size (the alpha of
+    ``alpha + bytes/bandwidth``): what many small buckets pay. NCCL over NVLink: nccl-tests'
+    all-reduce of a few KiB takes ~6 us on 2 H100s with CUDA graphs (NVIDIA/nccl#1259) and 10-20 us
+    on 8 GPUs without (NVIDIA/nccl-tests#68, #149 outputs): 10 us in the catalog. A CPU rank on gloo:
+    measured (``dstk doctor --calibrate`` fits it from the all-reduce sweep)."""
+
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:
             raise ValueError(f"memory_bytes: expected a positive size, got {self.memory_bytes!r}")
@@ -97,7 +104,7 @@ class GPU:
                 raise ValueError("gemm_efficiency: expected [dim, fraction] points with dim > 0 increasing "
                                  f"and fraction in (0, 1], got {self.gemm_efficiency!r}")
             object.__setattr__(self, "gemm_efficiency", points)
-        for name in ("layer_overhead_seconds", "step_overhead_seconds"):
+        for name in ("layer_overhead_seconds", "step_overhead_seconds", "collective_latency_seconds"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: expected a number >= 0, got {getattr(self, name)!r}")
         if self.hbm_bytes_per_s is not None and not self.hbm_bytes_per_s > 0:
@@ -152,12 +159,19 @@ class Interconnect:
     """Per-message latency (alpha term)."""
     efficiency: float = 0.8
     """Share of the line rate collectives reach."""
+    collective_latency_seconds: float = 25e-6
+    """Fixed cost of one collective call across nodes (``GPU.collective_latency_seconds`` inside
+    one): NCCL's own tuning model puts a 4-8 KiB all-reduce between H100 nodes over InfiniBand at
+    25.9 us (NCCL_DEBUG output in NVIDIA/nccl#1453); 25 us for InfiniBand, more for TCP."""
 
     def __post_init__(self) -> None:
         if not self.node_bytes_per_s > 0:
             raise ValueError(f"node_bytes_per_s: expected a positive number, got {self.node_bytes_per_s!r}")
         if not 0 < self.efficiency <= 1:
             raise ValueError(f"efficiency: expected a fraction in (0, 1], got {self.efficiency!r}")
+        if not self.collective_latency_seconds >= 0:
+            raise ValueError("collective_latency_seconds: expected a number >= 0, got "
+                             f"{self.collective_latency_seconds!r}")
 
 
 GEMM_DIMS: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -218,11 +232,13 @@ GPUS: dict[str, GPU] = {g.slug: g for g in (
     # 25-58 GB/s, and the tiny Llama's layer (h = 64, 256 tokens) at 6-15 ms forward + backward
     # in one process whatever its FLOPs; two DeepSpeed ranks sharing the two cores (the README's
     # fine-tune, ZeRO-0, micro-batch 4) ran 32.6 ms a step, ~14 ms a layer: the floor is that
-    # figure. Orders of magnitude: `dstk doctor --calibrate` or --hardware FILE replaces them.
+    # figure. A gloo all-reduce of 4 KiB-1 MiB between the two ranks took 0.3-0.8 ms alone (dstk.launch.allreduce)
+    # and 3.1 ms inside a DeepSpeed step (cProfile, load ~10), where each call waits for the other rank:
+    # 1 ms per collective. Orders of magnitude: `dstk doctor --calibrate` or --hardware FILE replaces them.
     dataclasses.replace(
         _gpu("cpu", "CPU rank (gloo)", 8, 0.3, 0.3, 0.075, 2, 10, frac=0.5, link_eff=0.5, overhead_gib=0.5),
         hbm_bytes_per_s=35 * GB, gemm_efficiency=((64.0, 0.08), (256.0, 0.8), (512.0, 1.0)),
-        layer_overhead_seconds=0.014),
+        layer_overhead_seconds=0.014, collective_latency_seconds=1e-3),
 )}
 
 IB_EFFICIENCY = 0.92
@@ -245,11 +261,11 @@ INTERCONNECTS: dict[str, Interconnect] = {i.slug: i for i in (
     Interconnect(slug="efa", name="AWS EFA v2, 32 x 100 Gb/s per node (p5)", node_bytes_per_s=32 * 12.5 * GB,
                  latency_s=15e-6, efficiency=0.6),
     Interconnect(slug="eth-100g", name="Ethernet 100 Gb/s per node (TCP)", node_bytes_per_s=12.5 * GB,
-                 latency_s=30e-6, efficiency=0.6),
+                 latency_s=30e-6, efficiency=0.6, collective_latency_seconds=60e-6),
     Interconnect(slug="eth-25g", name="Ethernet 25 Gb/s per node (TCP)", node_bytes_per_s=3.125 * GB,
-                 latency_s=50e-6, efficiency=0.6),
+                 latency_s=50e-6, efficiency=0.6, collective_latency_seconds=100e-6),
     Interconnect(slug="loopback", name="one host (gloo over loopback)", node_bytes_per_s=2 * GB,
-                 latency_s=50e-6, efficiency=0.5),
+                 latency_s=50e-6, efficiency=0.5, collective_latency_seconds=1e-3),
 )}
 
 DEFAULT_INTERCONNECT = {"v100-32gb": "ib-hdr", "a10": "eth-100g", "l40s": "roce-200", "a100-40gb": "ib-hdr",

@@ -162,6 +162,31 @@ def stage_layer_counts(*, num_layers: int, pp: int, virtual_stages: int = 1, fir
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Lora:
+    """LoRA adapters on a frozen base (Hu et al. 2021), as the estimator and ``dstk finetune`` see them."""
+
+    rank: int
+    """``r``: the inner width of the adapters ``B A``."""
+    alpha: float
+    """Scale numerator: the update is ``(alpha / rank) * B A x``."""
+    targets: str = "all-linear"
+    """Modules to adapt, as ``--lora-targets`` names them (``dstk.train.lora.resolve_targets``)."""
+    dropout: float = 0.0
+    """Dropout on the adapters' input."""
+    bits: int | None = None
+    """4: QLoRA (NF4 base weights); None: the base in the compute precision."""
+
+    def __post_init__(self) -> None:
+        _positive("lora.rank", self.rank)
+        if not self.alpha > 0:
+            raise ValueError(f"lora.alpha: expected > 0, got {self.alpha!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"lora.dropout: expected a value in [0, 1), got {self.dropout!r}")
+        if self.bits not in (None, 4):
+            raise ValueError(f"lora.bits: expected None or 4, got {self.bits!r}")
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
 class Training:
     """What one training step processes and with what numerics."""
 
@@ -177,6 +202,8 @@ class Training:
     """Attention kernel: eager materialises the score matrix, sdpa/flash do not."""
     num_tokens: int | None = None
     """Token budget of the whole run, for a time-to-train figure; None when unknown."""
+    lora: Lora | None = None
+    """LoRA adapters on a frozen base; None: every parameter trains."""
 
     def __post_init__(self) -> None:
         _positive("seq_len", self.seq_len)
@@ -192,4 +219,7 @@ class Training:
         return self.seq_len * self.global_batch
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        data = dataclasses.asdict(self)
+        if data["lora"] is None:  # a full fine-tune's plan.json is as it was
+            del data["lora"]
+        return data

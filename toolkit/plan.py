@@ -66,6 +66,8 @@ class Search:
     host_memory_bytes: int | None = None
     """CPU memory of one node, for the host RAM that offload needs; None: unknown (not checked)."""
     constraints: Constraints = dataclasses.field(default_factory=Constraints)
+    max_zero_stage: int = 3
+    """The highest ZeRO stage the run can take (QLoRA: 2, DeepSpeed cannot partition 4-bit weights)."""
 
     @property
     def usable_bytes(self) -> int:
@@ -218,7 +220,7 @@ def micro_batches(s: Search, *, dp: int, pp: int) -> list[int]:
 def zero_stages(s: Search, *, pp: int) -> list[int]:
     c = s.constraints
     stages = [0, 1] if pp > 1 or c.engine == "megatron" else [0, 1, 2, 3]
-    return [z for z in stages if c.zero_stage is None or z == c.zero_stage]
+    return [z for z in stages if (c.zero_stage is None or z == c.zero_stage) and z <= s.max_zero_stage]
 
 
 def offload_choices(s: Search, *, zero: int, pp: int) -> list[tuple[str, str]]:
@@ -458,12 +460,14 @@ def _simpler_reason(a: Layout, b: Layout) -> str:
 
 def tie_reason(winner: Candidate, other: Candidate, *, usable_bytes: int | None) -> str:
     """Why ``winner`` beats ``other`` inside the tie band, in the order of ``tie_key``."""
+    from dstk.tables import percent_text
+
     def free(c: Candidate) -> str:
         return gib(usable_bytes - c.total_bytes) if usable_bytes is not None else "?"
 
     if is_tight(winner, usable_bytes) != is_tight(other, usable_bytes):
         return (f"headroom: {free(winner)} free per GPU instead of {free(other)} (the other uses "
-                f"{other.total_bytes / usable_bytes:.0%} of the usable memory; "
+                f"{percent_text(other.total_bytes / usable_bytes)} of the usable memory; "
                 f"over {TIGHT_FRACTION:.0%} counts as tight)")
     if simplicity(winner.layout) != simplicity(other.layout):
         return _simpler_reason(winner.layout, other.layout)
@@ -478,6 +482,8 @@ def _time(est) -> Any:
 
 def loss_reason(alt: Candidate, winner: Candidate, *, usable_bytes: int | None = None) -> str:
     """One line: why ``alt`` (the best of its kind) loses to ``winner``, with the figure that matters."""
+    from dstk.tables import percent_text
+
     t = _time(alt.estimate)
     ratio = alt.step_seconds / winner.step_seconds if winner.step_seconds else float("inf")
     head = f"{kind(alt.layout)} ({describe(alt.layout)}): {alt.step_seconds:.3g} s/step, {ratio:.2f}x the winner"
@@ -490,7 +496,7 @@ def loss_reason(alt: Candidate, winner: Candidate, *, usable_bytes: int | None =
     by_kind = dict(getattr(t, "comm", None) or {})
     bubble = getattr(t, "bubble_fraction", None) or 0.0
     if layout.pp > 1 and bubble >= 0.05:
-        return f"{head}; pp={layout.pp} with {layout.grad_accum} micro-batches: bubble {bubble:.0%}"
+        return f"{head}; pp={layout.pp} with {layout.grad_accum} micro-batches: bubble {percent_text(bubble)}"
     if layout.offload_optimizer != "none" or layout.offload_params != "none":
         moved = by_kind.get("offload", 0.0)
         extra = f" ({moved:.3g} s of PCIe traffic per step)" if moved else ""
@@ -514,7 +520,10 @@ def loss_reason(alt: Candidate, winner: Candidate, *, usable_bytes: int | None =
 
 def why_lines(ordered: list[Candidate], *, usable_bytes: int, capacity_bytes: int, num_fitting: int,
               tie_fraction: float = TIE_FRACTION, by_kind_missing: dict[str, Rejection] | None = None) -> list[str]:
-    """Why the winner wins and why the best of each other kind loses."""
+    """Why the winner wins and why the best of each other kind loses. Percentages go through
+    ``dstk.tables.percent_text``: a small MFU reads 0.48%, never 0%."""
+    from dstk.tables import percent_text
+
     winner = ordered[0]
     t = _time(winner.estimate)
     # The fastest layout the playbook passed over, if any was at least as fast as the winner.
@@ -527,7 +536,7 @@ def why_lines(ordered: list[Candidate], *, usable_bytes: int, capacity_bytes: in
     if tps:
         figures += f", {tps:,.0f} tokens/s"
     if mfu:
-        figures += f", MFU {mfu:.0%}"
+        figures += f", MFU {percent_text(mfu)}"
     lead = ("fastest" if fastest is winner or fastest.step_seconds == winner.step_seconds
             else f"the playbook's pick within {tie_fraction:.0%} of the fastest")
     lines.append(
@@ -536,7 +545,7 @@ def why_lines(ordered: list[Candidate], *, usable_bytes: int, capacity_bytes: in
     )
     if fastest is not winner:
         gain = winner.step_seconds / fastest.step_seconds - 1
-        speed = "as fast" if gain < 5e-4 else f"{gain:.1%} faster"
+        speed = "as fast" if gain < 5e-4 else f"{percent_text(gain)} faster"
         lines.append(
             f"chosen over {describe(fastest.layout)} ({speed}, within {tie_fraction:.0%}): "
             f"{tie_reason(winner, fastest, usable_bytes=usable_bytes)}"
@@ -716,14 +725,63 @@ def resolve(intent) -> Context:
     if precision != intent.training.precision:
         intent = dc.replace(intent, training=dc.replace(intent.training, precision=precision))
     training = intent.training.to_training()
+    max_zero = 3
+    if training.lora is not None:
+        intent, max_zero = _lora_constraints(intent, family=spec.family)
     search = Search(
         world_size=cl.world_size, gpus_per_node=cl.gpus_per_node, num_layers=spec.num_layers,
         num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, global_batch=training.global_batch,
         capacity_bytes=gpu.memory_bytes, overhead_bytes=gpu.overhead_bytes, host_memory_bytes=host,
-        constraints=intent.constraints,
+        constraints=intent.constraints, max_zero_stage=max_zero,
     )
     return Context(intent=intent, model=spec, cluster=cluster, training=training, search=search,
                    capacity_bytes=gpu.memory_bytes, notes=(note,))
+
+
+def _lora_constraints(intent, *, family: str):
+    """(intent, highest ZeRO stage) for a LoRA run: what ``dstk finetune`` can run it on (peft's
+    layers on DeepSpeed's data parallelism and ZeRO: tp = pp = 1; QLoRA's 4-bit base not under
+    ZeRO-3), the targets checked against the family (a wrong name lists the right ones)."""
+    import dataclasses as dc
+
+    from dstk.errors import DstkError
+    from dstk.train.lora import resolve_targets
+
+    resolve_targets(family=family, targets=intent.training.lora_targets)
+    c = intent.constraints
+    if c.engine == "megatron":
+        raise DstkError("training.lora_rank: LoRA runs on the deepspeed engine (peft's layers over ZeRO)",
+                        hint="drop --engine megatron, or drop --lora-rank")
+    pinned = [f"{n}={getattr(c, n)}" for n in ("tp", "pp") if getattr(c, n) not in (None, 1)]
+    if pinned:
+        raise DstkError(f"training.lora_rank: LoRA with {', '.join(pinned)}: AutoTP and the pipeline engine rebuild the "
+                        "model's layers and do not know peft's LoRA layers",
+                        hint="drop --tp/--pp: LoRA runs on data parallelism and ZeRO (ZeRO-3 partitions the frozen base)")
+    max_zero = 3
+    if intent.training.lora_bits == 4:
+        if c.zero_stage == 3:
+            raise DstkError("training.lora_bits: QLoRA with ZeRO-3: DeepSpeed cannot partition bitsandbytes' 4-bit "
+                            "weights", hint="pin --zero 2 or lower, or drop --lora-bits")
+        max_zero = 2
+    return dc.replace(intent, constraints=dc.replace(c, tp=1, pp=1)), max_zero
+
+
+def lora_why(ctx: Context, layout: Layout) -> str:
+    """The LoRA why line of a plan, with the same layout's memory as a full fine-tune beside it."""
+    import dataclasses as dc
+
+    from dstk.estimate import estimate
+    from dstk.estimate.buckets import choose_buffers
+    from dstk.estimate.lora import lora_facts, why_line
+
+    training = ctx.training
+    lf = lora_facts(model=ctx.model, lora=training.lora)
+    line = why_line(lf=lf, lora=training.lora, precision=training.precision, zero_stage=layout.zero_stage)
+    plain = dc.replace(training, lora=None)
+    buffers = choose_buffers(model=ctx.model, layout=layout, training=plain, cluster=ctx.cluster)[0]
+    full = estimate(model=ctx.model, layout=layout, training=plain, cluster=ctx.cluster,
+                    buffers=buffers).memory.per_gpu.total_bytes
+    return f"{line}; the same layout as a full fine-tune would need {gib(full)} per GPU"
 
 
 def choose_precision(*, requested: str | None, gpu: Any) -> tuple[str, str]:
@@ -788,7 +846,8 @@ def plan_intent(ctx: Context, *, top: int | None = None) -> PlanResult:
     result = plan(search=ctx.search, estimate=ctx.estimate, top=top, notes=ctx.notes)
     if result.plans:  # the winner's why lines also say which buffer sizes its config carries
         best = result.plans[0]
-        best = dataclasses.replace(best, why=best.why + ctx.buffers(best.layout)[1])
+        lora = (lora_why(ctx, best.layout),) if ctx.training.lora is not None else ()
+        best = dataclasses.replace(best, why=lora + best.why + ctx.buffers(best.layout)[1])
         result = dataclasses.replace(result, plans=(best,) + result.plans[1:])
     return result
 

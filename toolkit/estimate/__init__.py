@@ -301,6 +301,13 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
     f = _model_facts(model)
     known = f.shape is not None
     tp, pp, dp = layout.tp, layout.pp, layout.dp
+    lora, lf = training.lora, None
+    if lora is not None:  # adapters on a frozen base: dstk.estimate.lora
+        from dstk.estimate import lora as lora_est
+
+        if megatron or tp > 1 or pp > 1:
+            raise ValueError("lora: LoRA runs on DeepSpeed's data parallelism and ZeRO only (tp = pp = 1)")
+        lf = lora_est.lora_facts(model=model, lora=lora)
     w = mem.param_bytes(training.precision)
     gpu = cluster.gpu
     peak = gpu.peak_flops(training.precision)
@@ -337,6 +344,14 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
                                          sequence_parallel_tp=sp)
             per_layer_act, full_layer_act = terms.layer_bytes, terms.recompute_layer_bytes
             io_first, io_last = terms.first_stage_bytes, terms.last_stage_bytes
+        if lf is not None:  # what the frozen base no longer keeps, and what the adapters keep
+            layer_delta, once_delta = lora_est.activation_delta_bytes(
+                lf=lf, lora=lora, tokens=tokens_mb, shape=shape, act_bytes=w)
+            if layout.recompute == "full":
+                full_layer_act += layer_delta
+            else:
+                per_layer_act += layer_delta
+            io_last += once_delta
 
     stages = []
     cpu_total = nvme_total = 0.0
@@ -352,10 +367,27 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
                                   offload_optimizer=layout.offload_optimizer, offload_params=layout.offload_params,
                                   state_elements=mem.adafactor_state_elements(params, f.hidden)
                                   if training.optimizer == "adafactor" else None)
-        fixed, cpu_buffers = _fixed_buffers(layout=layout, training=training, params=params, dp=dp, f=f,
-                                            buffers=buffers, tokens=tokens_mb)
+        trainable, largest = params, f.largest_tensor / tp
+        if lf is not None:  # ZeRO's groups, buckets and copies hold the adapters; the base is frozen
+            adapter_persistent = n * sum(t for t in lf.layer_adapter_tensors if t <= threshold) \
+                if layout.zero_stage == 3 else 0
+            states = lora_est.model_states(base_params=params, base_persistent=persistent, lf=lf, lora=lora,
+                                           precision=training.precision, optimizer=training.optimizer,
+                                           zero_stage=layout.zero_stage, dp=dp,
+                                           offload_optimizer=layout.offload_optimizer,
+                                           offload_params=layout.offload_params, adapter_persistent=adapter_persistent)
+            trainable, largest = lf.trainable, lf.largest_adapter
+        fixed, cpu_buffers = _fixed_buffers(layout=layout, training=training, params=trainable, dp=dp, f=f,
+                                            buffers=buffers, tokens=tokens_mb,
+                                            largest_tensor=None if lf is None else largest)
         offload_cpu = sum(b.bytes for b in cpu_buffers)
-        live = mem.live_param_bytes(zero_stage=layout.zero_stage, precision=training.precision, params=params,
+        gathered = params
+        if lf is not None:
+            # The adapters are gathered too; an untied frozen embedding never appears in backward's
+            # trace, so ZeRO-3 releases it after its forward (``lora.gathered_params``).
+            gathered = lora_est.gathered_params(params=params, trainable=trainable,
+                                                embedding=0 if f.tied or not f.embed_tensors else f.embed_tensors[0])
+        live = mem.live_param_bytes(zero_stage=layout.zero_stage, precision=training.precision, params=gathered,
                                     largest_module=f.largest_tensor / tp, buffers=buffers)
         if megatron:  # no ZeRO buckets: Megatron's states and buffers (dstk.estimate.megatron)
             states = meg.model_states(params=params, precision=training.precision, optimizer=training.optimizer,
@@ -380,7 +412,7 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
         else:
             peaks = mem.phase_peaks(
                 zero_stage=layout.zero_stage, precision=training.precision, optimizer=training.optimizer, dp=dp,
-                params=params, largest_tensor=f.largest_tensor / tp, states=states, buffers=buffers,
+                params=trainable, largest_tensor=largest, states=states, buffers=buffers,
                 activations_bytes=act, logits_elements=tokens_mb * f.vocab / tp if (known and last) else 0.0,
                 grad_accum=m, offload_optimizer=layout.offload_optimizer, live_params_bytes=live, fixed=fixed,
                 cpu_rank=gpu.is_cpu)
@@ -399,7 +431,10 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
         slowest_flops = max(slowest_flops, stage_flops)
 
     # --- time -------------------------------------------------------------------------------
-    time = step_time(facts=f, layout=layout, training=training, cluster=cluster, buffers=buffers, tp_style=tp_style)
+    lora_terms = None if lf is None else lora_est.step_terms(facts=f, lf=lf, lora=lora, layout=layout,
+                                                             training=training, cluster=cluster)
+    time = step_time(facts=f, layout=layout, training=training, cluster=cluster, buffers=buffers, tp_style=tp_style,
+                     lora=lora_terms)
     per_gpu = max(stages, key=lambda s: s.total_bytes)
     memory = Memory(per_gpu=per_gpu, per_stage=tuple(stages), cpu_bytes=int(cpu_total), nvme_bytes=int(nvme_total))
     return Estimate(memory=memory, time=time, layout=layout, training=training, model=model, cluster=cluster)
@@ -409,7 +444,8 @@ _DEFAULT_BUFFERS = mem.ZeroBuffers()
 
 
 def _fixed_buffers(*, layout: Layout, training: Training, params: float, dp: int, f: _Facts,
-                   buffers: mem.ZeroBuffers, tokens: int) -> tuple[tuple[mem.Buffer, ...], tuple[mem.Buffer, ...]]:
+                   buffers: mem.ZeroBuffers, tokens: int,
+                   largest_tensor: float | None = None) -> tuple[tuple[mem.Buffer, ...], tuple[mem.Buffer, ...]]:
     """(GPU, CPU) buffers live through the whole step: ZeRO-3's reduce bucket (allocated at
     initialize, ``memory.reduce_bucket_bytes``), ZeRO-1/2's offload staging buffers
     (``memory.offload_buffer_bytes``) and the pipeline engine's send/receive buffers."""
@@ -421,7 +457,8 @@ def _fixed_buffers(*, layout: Layout, training: Training, params: float, dp: int
                               formula=mem.element_formula(buffers.reduce_bucket_size, w, "ZeRO-3: from initialize")))
     on_gpu, on_cpu = mem.offload_buffer_bytes(zero_stage=layout.zero_stage, precision=training.precision,
                                               offload_optimizer=layout.offload_optimizer, params=params, dp=dp,
-                                              largest_tensor=f.largest_tensor)
+                                              largest_tensor=f.largest_tensor if largest_tensor is None
+                                              else largest_tensor)
     if on_gpu:
         gpu.append(mem.Buffer(name="offload staging", bytes=int(on_gpu), formula="w x largest tensor"))
     if on_cpu:

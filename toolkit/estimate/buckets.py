@@ -84,7 +84,13 @@ def choose_buffers(*, model, layout, training, cluster) -> tuple[mem.ZeroBuffers
     floor = latency_bandwidth_elements(ranks=layout.dp, latency_s=latency, bytes_per_s=bandwidth, element_bytes=w)
     memory_cap = MEMORY_FRACTION * gpu.memory_bytes / w
     overlap = layout.zero_stage >= 2
-    cap = _round_down(min(params, memory_cap))
+    gather_cap = _round_down(min(params, memory_cap))
+    grads, what = params, "parameters"
+    if training.lora is not None:  # LoRA: only the adapters' gradients fill the bucket (dstk.estimate.lora)
+        from dstk.estimate.lora import lora_facts
+
+        grads, what = lora_facts(model=model, lora=training.lora).trainable, "trainable (LoRA) parameters"
+    cap = _round_down(min(grads, memory_cap))
     bucket = min(_round_up(floor), cap)
     defaults = mem.ZeroBuffers()
     why = []
@@ -92,11 +98,11 @@ def choose_buffers(*, model, layout, training, cluster) -> tuple[mem.ZeroBuffers
         return defaults, ()
     # ZeRO-1/2 double the bucket with overlap_comm (``setup_buckets``); ZeRO-3 keeps one (``stage3.py``).
     copies = 2 if overlap and layout.zero_stage < 3 else 1
-    if floor <= min(params, memory_cap):
+    if floor <= min(grads, memory_cap):
         reason = (f"a ring over {layout.dp} GPUs at {bandwidth / 1e9:.0f} GB/s and {latency * 1e6:.0f} us reaches "
                   f"{TARGET_BANDWIDTH_FRACTION:.0%} of the bandwidth from {elements_text(floor)} elements")
     else:
-        bound = (f"all {elements_text(params)} parameters of one GPU" if params <= memory_cap
+        bound = (f"all {elements_text(grads)} {what} of one GPU" if grads <= memory_cap
                  else f"{MEMORY_FRACTION:.0%} of the GPU's {_mib(gpu.memory_bytes)}")
         reason = (f"capped by {bound} (a ring over {layout.dp} GPUs would reach {TARGET_BANDWIDTH_FRACTION:.0%} "
                   f"of the bandwidth from {elements_text(floor)})")
@@ -110,7 +116,7 @@ def choose_buffers(*, model, layout, training, cluster) -> tuple[mem.ZeroBuffers
                                contiguous_gradients=True), tuple(why)
     layer_weight = (max(f.layer_persistent) if f.layer_persistent else f.layer_sharded) / layout.tp
     largest = max(f.largest_tensor / layout.tp, layer_weight)
-    prefetch = min(_round_up(max(layer_weight, floor)), cap)
+    prefetch = min(_round_up(max(layer_weight, floor)), gather_cap)
     hidden = getattr(model, "hidden_size", None)
     persistence = PERSISTENCE_HIDDEN_MULTIPLE * hidden if hidden else int(defaults.param_persistence_threshold)
     live = _round_up(min(max(largest, layer_weight + prefetch), params))

@@ -28,7 +28,11 @@ step around it:
   the weight-gradient GEMMs (``MegatronKernels``, ``tp_backward_exposed_seconds``);
 - **PP** point-to-point per micro-batch and boundary (x v interleaved) and the bubble
   ``(p - 1)/(m v)`` of the stage time (Narayanan et al. 2021 §2.2);
-- **DP**: see ``_dp_exposed_seconds`` and ``zero3_step_seconds``.
+- **DP**: see ``_dp_exposed_seconds`` and ``zero3_step_seconds``;
+- **per-call latency**: every collective the layout issues (``collective_calls``) costs
+  ``collective_latency_seconds`` whatever its size; the ZeRO buckets' latency hides with their
+  bytes under ``overlap_comm`` on a GPU, the calls after backward are exposed, and a CPU rank
+  overlaps nothing (what prices small-bucket ZeRO on gloo).
 """
 
 from __future__ import annotations
@@ -268,6 +272,9 @@ def layer_pass_seconds(*, facts, layout, training, cluster, tp_style: str = "aut
     if tp > 1:
         bw, lat = _bandwidth(group=tp, stride=1, cluster=cluster)
         one = tm.ring_allreduce_seconds(nbytes=tokens * facts.hidden * w, ranks=tp, bandwidth=bw, latency=lat)
+        calls = 2 if layout.sequence_parallel else 1  # a reduce-scatter + all-gather pair under SP
+        one += calls * latency_extra_seconds(call_seconds=collective_latency(group=tp, stride=1, cluster=cluster),
+                                             priced_seconds=2 * (tp - 1) * lat / calls)
     own = tp_backward_exposed_seconds(one_seconds=one, column_gemm_seconds=layer.column_gemm,
                                       sequence_parallel=layout.sequence_parallel,
                                       overlap=engine == "megatron" and kernels.async_tp_backward)
@@ -285,6 +292,113 @@ def _dp_exposed_seconds(*, seconds: float, backward_seconds: float, bucket_secon
     if not overlap:
         return seconds
     return max(min(bucket_seconds, seconds), seconds - backward_seconds)
+
+
+DS_ALLREDUCE_BUCKET_ELEMENTS = 5e8
+"""Elements per flat all-reduce of DeepSpeed's ZeRO-0 gradient reduction (``allreduce_bucket_size``,
+default ``MEMORY_OPT_ALLREDUCE_SIZE`` = 5e8, ``engine.allreduce_gradients``)."""
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class CollectiveCalls:
+    """Collective calls one rank issues per optimizer step, by where they sit in the step; each
+    pays ``GPU.collective_latency_seconds`` whatever its size."""
+
+    dp_buckets: int = 0
+    """Gradient reductions (all-reduce or reduce-scatter of a bucket), which ``overlap_comm`` runs
+    beside backward on a GPU."""
+    dp_tail: int = 0
+    """Calls after backward, always exposed: ZeRO-1/2's overflow check and gradient-norm all-reduces
+    and the all-gather of the updated partitions, ZeRO-3's gradient norm."""
+    zero3_gathers: int = 0
+    """ZeRO-3 parameter all-gathers."""
+    tp: int = 0
+    """TP collectives of the slowest stage (a reduce-scatter + all-gather pair counts two)."""
+    pp: int = 0
+    """Pipeline point-to-point sends of the slowest stage."""
+
+    @property
+    def total(self) -> int:
+        return self.dp_buckets + self.dp_tail + self.zero3_gathers + self.tp + self.pp
+
+
+def _ceil_div(a: float, b: float) -> int:
+    return max(1, -int(-a // b)) if a > 0 else 0
+
+
+def collective_calls(*, zero_stage: int, dp: int, tp: int, pp: int, grad_accum: int, virtual_stages: int = 1,
+                     stage_layers: int, recompute: str = "none", sequence_parallel: bool = False,
+                     trainable_params: float, reduce_bucket_size: float, modules_per_layer: int = 7,
+                     engine: str = "deepspeed") -> CollectiveCalls:
+    """``CollectiveCalls`` of one step, counted as DeepSpeed 0.19.8 issues them (each count was
+    checked on 2 gloo ranks by ``benchmarks/zero_cpu_cost.py``, which wraps DeepSpeed's backend):
+
+    - ZeRO-0: ``ceil(P / allreduce_bucket_size)`` flat all-reduces after backward (5e8 elements,
+      ``engine.allreduce_gradients`` -> ``buffered_allreduce_fallback``); Megatron's DDP reduces
+      once after backward likewise (one call);
+    - ZeRO-1/2: ``ceil(P / reduce_bucket_size)`` bucket reductions (``stage_1_and_2.py``
+      ``reduce_independent_p_g_buckets_and_remove_grads`` reduces a bucket when the next gradient
+      would overflow it), once per step for ZeRO-1 (reduced at the accumulation boundary) and in
+      every micro-step for ZeRO-2 (it keeps only its partition); then ``step()`` all-reduces the
+      overflow flag (``check_overflow`` -> ``has_overflow``, line 3242) and the gradient norm
+      (``scaled_global_norm`` -> ``get_grad_norm_direct``, line 2693), and all-gathers the updated
+      partitions (``all_gather_dp_groups``, line 3155: one ``all_gather_into_tensor`` per parameter
+      group where torch has it, ``allgather_bucket_size`` unused): 3 tail calls;
+    - ZeRO-3: ``ceil(P / reduce_bucket_size)`` reduce-scatters per micro-batch, one all-gather per
+      parameterised module per micro-batch (the prefetcher folds what it prefetches into the same
+      call: the tiny Llama measures 16 = its 14 projections, embedding and head; norms stay
+      persistent under dstk's ``stage3_param_persistence_threshold``), and the norm all-reduce;
+    - TP: per layer and micro-batch two all-reduces forward and two backward, two more under full
+      recompute; sequence parallelism turns each into a reduce-scatter + all-gather pair;
+    - PP: a send forward and one backward per micro-batch and boundary, ``v`` times interleaved.
+
+    ``P`` is the rank's trainable elements before ZeRO sharding (ZeRO reduces every gradient)."""
+    m = grad_accum
+    out: dict[str, int] = {}
+    if dp > 1 and trainable_params > 0:
+        if engine == "megatron":
+            out["dp_buckets"] = 1
+        elif zero_stage == 0:
+            out["dp_buckets"] = _ceil_div(trainable_params, DS_ALLREDUCE_BUCKET_ELEMENTS)
+        elif zero_stage in (1, 2):
+            buckets = _ceil_div(trainable_params, reduce_bucket_size)
+            out["dp_buckets"] = buckets * (m if zero_stage == 2 else 1)
+            out["dp_tail"] = 3
+        else:
+            out["dp_buckets"] = m * _ceil_div(trainable_params, reduce_bucket_size)
+            out["zero3_gathers"] = m * (stage_layers * modules_per_layer + 2)
+            out["dp_tail"] = 1
+    if tp > 1:
+        per_layer = (4 + (2 if recompute == "full" else 0)) * (2 if sequence_parallel else 1)
+        out["tp"] = m * stage_layers * per_layer
+    if pp > 1:
+        out["pp"] = m * 2 * virtual_stages
+    return CollectiveCalls(**out)
+
+
+def modules_per_layer(facts) -> int:
+    """Parameterised modules of one layer that ZeRO-3 gathers: its weight matrices (tensors larger
+    than ``8 h``: biases and norms are smaller and live in the same modules or stay persistent);
+    7 (a Llama layer) when only a parameter count is known."""
+    if facts.shape is None or not facts.layer_persistent:
+        return 7
+    return max(1, sum(1 for t in facts.layer_persistent if t > 8 * facts.hidden))
+
+
+def collective_latency(*, group: int, stride: int, cluster) -> float:
+    """Seconds one collective call over ``group`` ranks ``stride`` apart costs whatever its size:
+    ``GPU.collective_latency_seconds`` inside a node, the interconnect's (if larger) across nodes."""
+    gpu = cluster.gpu
+    if group * stride <= cluster.gpus_per_node or cluster.num_nodes == 1:
+        return gpu.collective_latency_seconds
+    net = cluster.interconnect
+    return max(gpu.collective_latency_seconds, net.collective_latency_seconds if net is not None else 0.0)
+
+
+def latency_extra_seconds(*, call_seconds: float, priced_seconds: float) -> float:
+    """What a call's fixed cost adds over the latency a ring formula already priced (its
+    ``2 (n - 1)`` alpha steps, ``timing.ring_allreduce_seconds``): ``max(0, L - priced)``."""
+    return max(0.0, call_seconds - priced_seconds)
 
 
 def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "autotp",
@@ -314,7 +428,9 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
         # Activations forward and gradients backward cross each boundary once per micro-batch
         # (scattered over the TP group, Narayanan et al. 2021 §4.1); interleaving crosses v
         # times as many boundaries (§2.2.2).
-        pp_mb = 2 * v * (tokens_mb * f.hidden * w / tp / bw + lat)
+        call = collective_latency(group=2, stride=tp * dp, cluster=cluster)
+        pp_mb = 2 * v * (tokens_mb * f.hidden * w / tp / bw + lat + latency_extra_seconds(call_seconds=call,
+                                                                                         priced_seconds=lat))
     head = head_seconds(facts=f, tokens=tokens_mb, tp=tp, act_bytes=w, gpu=gpu, peak_flops=peak)
     embed = tm.memory_seconds(nbytes=3.0 * 2 * w * f.hidden * tokens_mb, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
     if megatron and tp > 1:  # the vocab-parallel embedding all-reduces its output
@@ -352,28 +468,51 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
         bw, lat = _bandwidth(group=dp, stride=tp, cluster=cluster)
         bucket = tm.ring_allreduce_seconds(nbytes=w * min(buffers.reduce_bucket_size, worst_params), ranks=dp,
                                            bandwidth=bw, latency=lat)
+        # Per-call latency (``collective_calls``): the buckets' rides with their bytes (hidden beside
+        # backward under overlap_comm), the tail after backward is exposed. A CPU rank overlaps
+        # nothing: DeepSpeed's CPU accelerator streams are no-ops (``cpu_accelerator.py``
+        # ``stream()`` returns a noop context), so gloo's calls run inside backward and step.
+        call = collective_latency(group=dp, stride=tp, cluster=cluster)
+        calls = collective_calls(zero_stage=layout.zero_stage, dp=dp, tp=tp, pp=pp, grad_accum=m,
+                                 stage_layers=counts[worst], trainable_params=worst_params,
+                                 reduce_bucket_size=buffers.reduce_bucket_size,
+                                 modules_per_layer=modules_per_layer(f), engine="megatron" if megatron else "deepspeed")
+        sync = gpu.is_cpu
+        tail = calls.dp_tail * call
         if layout.zero_stage == 3:
             one = tm.ring_gather_seconds(nbytes=gathered_bytes, ranks=dp, bandwidth=bw, latency=lat)
             rs = tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)  # LoRA: adapters
+            rs += calls.dp_buckets / m * call
             backward_gathers = 2 if recompute == "full" else 1
-            gather_seconds = m * (1 + backward_gathers) * one
-            dp_seconds = m * rs
-            per_mb = zero3_step_seconds(forward_seconds=stage_fwd + stage_tp_fwd,
-                                        backward_seconds=stage_bwd + stage_tp - stage_tp_fwd, gather_seconds=one,
-                                        reduce_scatter_seconds=rs, backward_gathers=backward_gathers)
+            gathers = calls.zero3_gathers / m * call  # one pass over the modules
+            if sync:  # nothing overlaps: every gather and reduce-scatter adds, each module fetched once
+                per_mb = mb_compute + stage_tp + (1 + backward_gathers) * one + gathers + rs
+                gather_seconds = m * ((1 + backward_gathers) * one + gathers)
+            else:
+                one += gathers
+                gather_seconds = m * (1 + backward_gathers) * one
+                per_mb = zero3_step_seconds(forward_seconds=stage_fwd + stage_tp_fwd,
+                                            backward_seconds=stage_bwd + stage_tp - stage_tp_fwd, gather_seconds=one,
+                                            reduce_scatter_seconds=rs, backward_gathers=backward_gathers)
+            dp_seconds = m * rs + tail
             exposed_zero3 = m * (per_mb - mb_compute - stage_tp)
+            exposed_dp = tail
         elif layout.zero_stage == 2:
             # DeepSpeed's stage 2 reduce-scatters in every micro-step (it keeps only a gradient
             # partition), then all-gathers the updated parameters once.
             rs = tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
-            dp_seconds = (m + 1) * rs
-            exposed_dp = m * _dp_exposed_seconds(seconds=rs, backward_seconds=stage_bwd, bucket_seconds=bucket / 2,
-                                                 overlap=buffers.overlaps(2)) + rs
+            reduce = rs + calls.dp_buckets / m * call
+            dp_seconds = m * reduce + rs + tail
+            exposed_dp = m * _dp_exposed_seconds(seconds=reduce, backward_seconds=stage_bwd,
+                                                 bucket_seconds=bucket / 2 + call,
+                                                 overlap=buffers.overlaps(2) and not sync) + rs + tail
         else:
             dp_seconds = tm.ring_allreduce_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
-            overlap = layout.zero_stage == 1 and buffers.overlaps(1) and not megatron
-            exposed_dp = _dp_exposed_seconds(seconds=dp_seconds, backward_seconds=stage_bwd, bucket_seconds=bucket,
-                                             overlap=overlap)
+            dp_seconds += calls.dp_buckets * call
+            overlap = layout.zero_stage == 1 and buffers.overlaps(1) and not megatron and not sync
+            exposed_dp = _dp_exposed_seconds(seconds=dp_seconds, backward_seconds=stage_bwd,
+                                             bucket_seconds=bucket + call, overlap=overlap) + tail
+            dp_seconds += tail
     shard = worst_params / (dp if layout.zero_stage else 1)
     optimizer_seconds = 0.0
     if layout.offload_optimizer != "none" or layout.offload_params != "none":

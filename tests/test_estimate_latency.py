@@ -1,0 +1,185 @@
+"""Per-collective latency in the step-time model (``dstk.estimate.steptime.collective_calls``):
+the calls each layout issues, what their fixed cost adds to the step (all of it on CPU ranks,
+the tail only where ``overlap_comm`` hides the buckets), and the calibrated profile carrying the
+figure. Pure arithmetic, no torch. The counts are the ones ``benchmarks/zero_cpu_cost.py``
+measured on 2 gloo ranks by wrapping DeepSpeed 0.19.8's backend (tiny Llama, 139,584 parameters,
+the generated 46,000-element buckets): ZeRO-0 1 all-reduce; ZeRO-1/2 6 all-reduces + 1
+all-gather; ZeRO-3 16 all-gathers + 4 reduce-scatters + 1 all-reduce."""
+
+from __future__ import annotations
+
+import pytest
+
+from dstk import calibrate as cal
+from dstk.estimate import _model_facts, estimate
+from dstk.estimate import memory as mem
+from dstk.estimate import steptime as st
+from dstk.hardware import Cluster, get_gpu, get_interconnect, load_catalog
+from dstk.layout import Layout, Training
+from dstk.models import family_module
+
+TINY_HF = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 4096,
+           "tie_word_embeddings": False}
+TINY_PARAMS = 139_584
+BUCKET = 46_000  # what `dstk generate` writes for the tiny CPU intent
+
+
+def _tiny():
+    return family_module("llama").read(dict(TINY_HF), name="tiny")
+
+
+def _calls(**kw):
+    base = dict(zero_stage=0, dp=2, tp=1, pp=1, grad_accum=1, stage_layers=2, trainable_params=TINY_PARAMS,
+                reduce_bucket_size=BUCKET)
+    return st.collective_calls(**{**base, **kw})
+
+
+# --- counts ----------------------------------------------------------------------------------
+
+
+def test_zero_counts_match_what_deepspeed_issued_for_the_tiny_llama():
+    assert _calls(zero_stage=0) == st.CollectiveCalls(dp_buckets=1)  # one flat 5e8-element all-reduce
+    one = _calls(zero_stage=1)  # ceil(139584 / 46000) = 4 buckets + overflow + norm + all-gather
+    assert (one.dp_buckets, one.dp_tail, one.total) == (4, 3, 7)
+    assert _calls(zero_stage=2) == one
+    three = _calls(zero_stage=3)  # 2 layers x 7 projections + embedding + head; 4 reduce-scatters; the norm
+    assert (three.zero3_gathers, three.dp_buckets, three.dp_tail) == (16, 4, 1)
+    # DeepSpeed's default buckets (5e8): one bucket, so ZeRO-1/2 issue 1 + 3 calls (measured: 3 + 1).
+    assert _calls(zero_stage=1, reduce_bucket_size=5e8).total == 4
+    assert _calls(zero_stage=0, trainable_params=1.2e9).dp_buckets == 3
+
+
+def test_counts_scale_with_accumulation_layers_and_parallelism():
+    # ZeRO-2 reduces in every micro-step, ZeRO-1 once at the boundary.
+    assert _calls(zero_stage=2, grad_accum=3).dp_buckets == 12
+    assert _calls(zero_stage=1, grad_accum=3).dp_buckets == 4
+    assert _calls(zero_stage=3, grad_accum=2).zero3_gathers == 32
+    # TP: 4 per layer (2 forward, 2 backward), +2 under full recompute, x2 as RS+AG pairs under SP.
+    assert _calls(dp=1, tp=8, stage_layers=4, grad_accum=2).tp == 32
+    assert _calls(dp=1, tp=8, stage_layers=4, grad_accum=2, recompute="full", sequence_parallel=True).tp == 96
+    # PP: a send each way per micro-batch and boundary, v times interleaved.
+    assert _calls(dp=1, pp=4, grad_accum=8, virtual_stages=2).pp == 32
+    assert _calls(dp=1).total == 0
+    assert _calls(zero_stage=1, engine="megatron").total == 1
+
+
+def test_modules_per_layer_counts_weight_matrices():
+    assert st.modules_per_layer(_model_facts(_tiny())) == 7
+    assert st.modules_per_layer(_model_facts(7_000_000_000)) == 7
+
+
+# --- the step ----------------------------------------------------------------------------------
+
+
+def _tiny_step(zero: int, *, latency: float | None = None, bucket: float = BUCKET) -> float:
+    gpu = get_gpu("cpu")
+    if latency is not None:
+        gpu = gpu.replace(collective_latency_seconds=latency)
+    cluster = Cluster(num_nodes=1, gpus_per_node=2, gpu=gpu)
+    layout = Layout(dp=2, zero_stage=zero, micro_batch=4)
+    training = Training(seq_len=64, global_batch=8, precision="bf16")
+    buffers = mem.ZeroBuffers(reduce_bucket_size=bucket, allgather_bucket_size=bucket)
+    return estimate(model=_tiny(), layout=layout, training=training, cluster=cluster,
+                    buffers=buffers).time.step_seconds
+
+
+def test_cpu_ranks_pay_every_call():
+    """On CPU ranks nothing overlaps: ZeRO-1 pays 6 more calls than ZeRO-0, ZeRO-3 20 more. With
+    latency 0 (the mutation) the stages price within a bucket's bytes of each other."""
+    lat = get_gpu("cpu").collective_latency_seconds
+    assert lat == pytest.approx(1e-3)
+    z0, z1, z2, z3 = (_tiny_step(z) for z in range(4))
+    assert z1 - z0 == pytest.approx(6 * lat, rel=0.05)
+    assert z2 == pytest.approx(z1, rel=0.01)
+    assert z3 - z0 == pytest.approx(20 * lat, rel=0.05)
+    assert z0 < z1 < z3
+    # Default buckets: one bucket, 3 fewer calls than the generated config's 4.
+    assert _tiny_step(1) - _tiny_step(1, bucket=5e8) == pytest.approx(3 * lat, rel=0.05)
+    flat = [_tiny_step(z, latency=0.0) for z in range(3)]
+    assert max(flat) - min(flat) < 0.5e-3
+
+
+def test_gpu_hides_bucket_latency_under_backward_and_exposes_the_tail():
+    """An 8B Llama on 8 H100s, ZeRO-2 with overlap_comm, 8 micro-batches: its 17 x 8 bucket
+    reductions run beside backward: only the last bucket of each micro-step (filled when backward
+    ends) and the 3 tail calls reach the step, 8 + 3 calls of the 17 x 8 + 3."""
+    model = family_module("llama").read({**TINY_HF, "hidden_size": 4096, "num_hidden_layers": 32,
+                                         "num_attention_heads": 32, "num_key_value_heads": 8,
+                                         "intermediate_size": 14336, "vocab_size": 128256}, name="8b")
+    training = Training(seq_len=4096, global_batch=64, precision="bf16")
+    layout = Layout(dp=8, zero_stage=2, micro_batch=1, grad_accum=8)
+    buffers = mem.ZeroBuffers(reduce_bucket_size=5e8, allgather_bucket_size=5e8, overlap_comm=True)
+
+    def step(latency):
+        cluster = Cluster(num_nodes=1, gpus_per_node=8, gpu=get_gpu("h100-sxm").replace(
+            collective_latency_seconds=latency))
+        return estimate(model=model, layout=layout, training=training, cluster=cluster,
+                        buffers=buffers).time.step_seconds
+
+    assert step(1e-3) - step(0.0) == pytest.approx((8 + 3) * 1e-3, rel=0.05)
+
+
+def test_tp_and_pp_add_only_what_the_ring_alpha_did_not_price():
+    """On GPUs the ring formulas' alpha steps already exceed the catalog's 10 us call: nothing
+    changes there. On CPU ranks each TP all-reduce costs the call's 1 ms."""
+    assert st.latency_extra_seconds(call_seconds=10e-6, priced_seconds=70e-6) == 0.0
+    assert st.latency_extra_seconds(call_seconds=1e-3, priced_seconds=10e-6) == pytest.approx(0.99e-3)
+    facts = _model_facts(_tiny())
+    training = Training(seq_len=64, global_batch=8, precision="bf16")
+    layout = Layout(tp=2, micro_batch=4, grad_accum=2)
+
+    def tp(latency):
+        gpu = get_gpu("cpu").replace(collective_latency_seconds=latency)
+        return st.layer_pass_seconds(facts=facts, layout=layout, training=training,
+                                     cluster=Cluster(num_nodes=1, gpus_per_node=2, gpu=gpu)).tp
+
+    assert tp(1e-3) - tp(0.0) == pytest.approx(4 * (1e-3 - 10e-6), rel=0.01)
+
+
+def test_catalog_latencies():
+    assert get_gpu("h100-sxm").collective_latency_seconds == pytest.approx(10e-6)
+    assert get_interconnect("ib-ndr").collective_latency_seconds == pytest.approx(25e-6)
+    many = Cluster(num_nodes=2, gpus_per_node=8, gpu=get_gpu("h100-sxm"), interconnect=get_interconnect("ib-ndr"))
+    assert st.collective_latency(group=16, stride=1, cluster=many) == pytest.approx(25e-6)
+    assert st.collective_latency(group=8, stride=1, cluster=many) == pytest.approx(10e-6)
+
+
+# --- calibration -------------------------------------------------------------------------------
+
+
+def test_fit_latency_from_the_sweep():
+    small, large = cal.BusPoint(size_bytes=2**14, busbw_bytes_per_s=2**14 / 0.5e-3), \
+        cal.BusPoint(size_bytes=2**25, busbw_bytes_per_s=1e9)
+    # 2 ranks: 16 KiB took 0.5 ms; its bytes at 1 GB/s take 16.4 us.
+    assert cal.fit_latency(points=(small, large), num_ranks=2) == pytest.approx(0.5e-3 - 2**14 / 1e9)
+    assert cal.fit_latency(points=(large,), num_ranks=2) is None
+    assert cal.fit_latency(points=(small, large), num_ranks=1) is None
+    fast = cal.BusPoint(size_bytes=2**14, busbw_bytes_per_s=10e9)  # faster than the large size: no latency
+    assert cal.fit_latency(points=(fast, large), num_ranks=2) == 0.0
+    # Two small sizes: the least excess (the one least disturbed by load) is the latency.
+    mid = cal.BusPoint(size_bytes=2**18, busbw_bytes_per_s=2**18 / 0.5e-3)  # 0.5 ms, 0.26 ms of bytes
+    slow = cal.BusPoint(size_bytes=2**14, busbw_bytes_per_s=2**14 / 4e-3)  # 4 ms under load
+    assert cal.fit_latency(points=(slow, mid, large), num_ranks=2) == pytest.approx(0.5e-3 - 2**18 / 1e9)
+    assert cal.fit_latency(points=(cal.BusPoint(size_bytes=2**22, busbw_bytes_per_s=1e9), large),
+                           num_ranks=2) is None  # no size small enough to show the latency
+
+
+def test_calibrated_profile_carries_the_latency(tmp_path):
+    measured = cal.Measurements(
+        precision="bf16", num_ranks=2, device="cpu", backend="gloo",
+        gemm=(cal.GemmPoint(m=512, n=64, k=64, flops_per_s=50e9), cal.GemmPoint(m=512, n=512, k=512, flops_per_s=2e11)),
+        allreduce=(cal.BusPoint(size_bytes=2**14, busbw_bytes_per_s=2**14 / 0.4e-3),
+                   cal.BusPoint(size_bytes=2**25, busbw_bytes_per_s=1.5e9)))
+    profile = cal.build_profile(base=get_gpu("cpu"), measured=measured)
+    expected = 0.4e-3 - 2**14 / 1.5e9
+    assert profile.gpu.collective_latency_seconds == pytest.approx(expected, rel=1e-2)
+    fig = {f.key: f for f in profile.figures}["collective_latency_seconds"]
+    assert fig.source == "measured" and "16 KiB 400 us" in fig.note
+    path = tmp_path / "hw.yaml"
+    path.write_text(cal.render_yaml(profile))
+    gpus, _ = load_catalog(path)
+    assert gpus["cpu"].collective_latency_seconds == pytest.approx(expected, rel=1e-2)
+    one = cal.build_profile(base=get_gpu("cpu"), measured=cal.Measurements(
+        precision="bf16", num_ranks=1, device="cpu", backend="gloo", gemm=measured.gemm))
+    assert {f.key: f for f in one.figures}["collective_latency_seconds"].source == "catalog"
