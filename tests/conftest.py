@@ -53,28 +53,16 @@ and never unlinks it on a normal exit: every 2-rank run here leaks ~132 MiB into
 full suite run leaked gigabytes until the kernel's OOM killer stopped pytest."""
 
 
-def _mapped_files() -> set[str]:
-    mapped: set[str] = set()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/maps", encoding="utf-8", errors="replace") as maps:
-                mapped.update(line.split(None, 5)[-1].strip() for line in maps if SHM_PREFIX in line)
-        except OSError:
-            continue
-    return mapped
-
-
 def remove_stale_shm_buffers() -> int:
-    """Remove DeepSpeed shm buffers no live process maps; return how many."""
+    """Remove DeepSpeed shm buffers no live process maps or holds open; return how many."""
+    from dstk.launch.shm import in_use_paths  # open counts too: see its module docstring
     try:
         names = [n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX)]
     except OSError:
         return 0
     if not names:
         return 0
-    mapped = _mapped_files()
+    mapped = in_use_paths(needle=SHM_PREFIX)
     removed = 0
     for name in names:
         path = os.path.join(SHM_DIR, name)

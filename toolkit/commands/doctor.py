@@ -8,11 +8,14 @@ import sys
 
 from dstk.errors import UsageError
 
-HELP = ("preflight: versions, GPUs per host, ssh to every host, stale op locks, a timed all-reduce (bus bandwidth); "
-        "--calibrate writes a measured hardware profile")
+HELP = ("preflight: versions (the same on every host), GPUs, ssh, /dev/shm, memlock, DeepSpeed's ops, stale op locks, "
+        "leaked shm buffers (--fix), a timed all-reduce (bus bandwidth); --calibrate writes a measured hardware profile")
 DESCRIPTION = (
     "Check this host (torch, deepspeed, CUDA, NCCL, accelerator, device count) and, over ssh, every host of a "
-    "hostfile; look for stale op-build locks; then start the ranks with the same runner command `dstk launch` "
+    "hostfile, and that all hosts run the same python/torch/deepspeed/NCCL/CUDA; /dev/shm size and free space "
+    "against what the plan's ranks put there, leaked DeepSpeed shm buffers (--fix removes them), ulimit -l, and "
+    "which DeepSpeed ops are prebuilt, built or compatible (as ds_report, building nothing); look for stale "
+    "op-build locks; then start the ranks with the same runner command `dstk launch` "
     "would use and time an all-reduce, reported as nccl-tests does (algbw = bytes/time, busbw = algbw*2(n-1)/n), "
     "with the interface NCCL picked. Exit 1 when any check fails. With --calibrate: measure a GEMM sweep, memory "
     "bandwidth, the per-layer dispatch floor and all-reduce bus bandwidth on this machine's ranks and write a "
@@ -37,11 +40,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--master-addr", default=None)
     parser.add_argument("--master-port", type=int, default=None)
     parser.add_argument("--sizes", default=None,
-                        help="all-reduce sizes (K/M/G suffixes), default 1M,8M (with --calibrate: 256K,4M,32M on CPU "
-                             "ranks, 1M,16M,128M,512M on GPUs)")
+                        help="all-reduce sizes (K/M/G suffixes), default 1M,8M (with --calibrate: 16K,256K,4M,32M on CPU "
+                             "ranks, 8K,1M,16M,128M,512M on GPUs)")
     parser.add_argument("--iters", type=int, default=None,
                         help="timed iterations per size (after 2 warm-up), default 5")
     parser.add_argument("--no-allreduce", action="store_true", help="skip the all-reduce")
+    parser.add_argument("--fix", action="store_true",
+                        help="first remove what is safe to remove: DeepSpeed all-reduce buffers in /dev/shm that no "
+                             "process maps or holds open (left by earlier runs) and op-build locks no process holds")
     parser.add_argument("--format", choices=["human", "json"], default="human")
     cal = parser.add_argument_group("calibration (--calibrate)")
     cal.add_argument("--calibrate", action="store_true",
@@ -49,7 +55,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                           "bandwidth on this machine's ranks and write a hardware profile that plan/estimate/generate "
                           "read with --hardware FILE")
     cal.add_argument("--output", default=None, metavar="FILE",
-                     help="where the profile goes (.yaml/.yml or .json; default hardware.yaml)")
+                     help="where the profile goes (.yaml/.yml or .json; default hardware.yaml); - writes the YAML "
+                          "profile to standard output and the report to standard error")
     cal.add_argument("--gpu", default=None, metavar="SLUG",
                      help="the catalog entry the profile is based on (default: from the device name; cpu on CPU ranks)")
     cal.add_argument("--precision", choices=["bf16", "fp16", "fp32"], default=None,
@@ -97,6 +104,7 @@ def _spec(args: argparse.Namespace, local_devices: int | None, cpu_here: bool):
 def run(args: argparse.Namespace) -> int:
     from dstk.launch import doctor
 
+    fixed = _fix() if args.fix else []
     if args.calibrate:
         return _calibrate(args)
     stray = [flag for flag, value in (("--output", args.output), ("--gpu", args.gpu), ("--precision", args.precision),
@@ -115,6 +123,15 @@ def run(args: argparse.Namespace) -> int:
     checks.append(doctor.check_locks())
     if spec.hosts:
         checks += doctor.check_hosts(spec.hosts, python=spec.python, expected_devices=spec.gpus_per_node, cpu=spec.cpu)
+        probes = {"this host": info, **{c.name.removeprefix("versions@"): c.data for c in checks[2:]
+                                        if c.name.startswith("versions@") and c.data}}
+        if len(probes) > 1:
+            checks.append(doctor.judge_versions(probes))
+        for host in spec.hosts:
+            if any(c.name == f"versions@{host.name}" and c.data for c in checks):  # reachable
+                checks += doctor.check_host_limits(host, ranks_per_node=spec.gpus_per_node, num_nodes=spec.num_nodes,
+                                                   cpu=spec.cpu)
+    checks += _static_checks(args, spec, fixed)
     reachable = all(c.status != "fail" for c in checks if c.name.startswith(("ssh@", "versions@")) and c.name != "versions@localhost")
     if args.no_allreduce:
         pass
@@ -140,6 +157,49 @@ def run(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _fix() -> list:
+    """``--fix``: remove the leaked shm buffers of this user and the stale op-build locks; return Checks saying what."""
+    import os
+
+    from dstk.launch import doctor
+    from dstk.launch.locks import find_stale_locks
+    from dstk.launch.shm import leaked_buffers, remove_leaked
+
+    done = []
+    removed = remove_leaked(leaked_buffers(uid=os.getuid()))
+    if removed:
+        done.append(doctor.Check(name="fixed shm", status="ok", data={"removed": removed},
+                                 detail=f"removed {len(removed)} leaked DeepSpeed buffer(s) from /dev/shm"))
+    locks = []
+    for lock in find_stale_locks():
+        try:
+            lock.unlink()
+            locks.append(str(lock))
+        except OSError:
+            continue
+    if locks:
+        done.append(doctor.Check(name="fixed locks", status="ok", data={"removed": locks},
+                                 detail=f"removed stale op-build lock(s): {' '.join(locks)}"))
+    return done
+
+
+def _static_checks(args: argparse.Namespace, spec, fixed: list) -> list:
+    """/dev/shm (size, free space, leaked DeepSpeed buffers), memlock and DeepSpeed's op status for the plan."""
+    from pathlib import Path
+
+    from dstk.launch import doctor
+
+    config = None
+    if args.run_dir is not None:
+        try:
+            config = json.loads((Path(args.run_dir) / "ds_config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            config = None
+    needed = doctor.needed_ops(config, cpu=spec.cpu, num_nodes=spec.num_nodes, ranks_per_node=spec.gpus_per_node)
+    return [*fixed, *doctor.check_shm(ranks_per_node=spec.gpus_per_node, num_nodes=spec.num_nodes, cpu=spec.cpu),
+            doctor.check_memlock(cpu=spec.cpu), doctor.check_ops(python=spec.python, needed=needed)]
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     """``doctor --calibrate``: the local checks, then the measurement ranks, then the profile."""
     from dstk import calibrate
@@ -151,7 +211,8 @@ def _calibrate(args: argparse.Namespace) -> int:
         raise UsageError("--calibrate measures this machine's ranks: give --num-ranks N, not RUN_DIR, --hostfile, "
                          "--hosts or --no-allreduce")
     args.output = args.output or "hardware.yaml"
-    calibrate.check_output_path(args.output, force=args.force)
+    if args.output != "-":
+        calibrate.check_output_path(args.output, force=args.force)
     base = get_gpu(args.gpu) if args.gpu else None
     local = doctor.check_local()
     info = local.data
@@ -204,31 +265,41 @@ def _calibrate(args: argparse.Namespace) -> int:
                       f"{measured.num_ranks} rank(s), {measured.backend} on {measured.device}"
                       + (f" ({measured.device_name})" if measured.device_name else "")
                       + f", GEMM sweep in {measured.precision}; base entry: {base.slug!r} of the catalog",
-                      f"use it: dstk plan INTENT --hardware {args.output}  (also estimate, generate, gpus)")
+                      f"use it: dstk plan INTENT --hardware "
+                      f"{'FILE (this output saved as .yaml)' if args.output == '-' else args.output}"
+                      "  (also estimate, generate, gpus)")
             text = (calibrate.render_json(profile) if args.output.endswith(".json")
                     else calibrate.render_yaml(profile, header=header))
-            calibrate.write_profile(args.output, text)
+            if args.output == "-":  # the profile alone on stdout, so `> hw.yaml` or a pipe gets a loadable file
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            else:
+                calibrate.write_profile(args.output, text)
     return _print_calibration(args, checks, profile, out)
 
 
 def _print_calibration(args: argparse.Namespace, checks: list, profile, out) -> int:
+    """The report: on stdout, or on stderr when the profile itself went to stdout (``--output -``)."""
     from dstk import calibrate
     from dstk.launch import doctor
 
+    stream = sys.stderr if args.output == "-" else sys.stdout
     failed = any(c.status == "fail" for c in checks)
+    lines = []
     if args.format == "json":
-        print(json.dumps({"ok": not failed, "checks": [c.to_dict() for c in checks],
-                          "output": args.output if profile is not None else None,
-                          "profile": None if profile is None else calibrate.to_dict(profile)}, indent=2))
+        lines.append(json.dumps({"ok": not failed, "checks": [c.to_dict() for c in checks],
+                                 "output": args.output if profile is not None else None,
+                                 "profile": None if profile is None else calibrate.to_dict(profile)}, indent=2))
     else:
         for c in checks:
-            print(f"{c.status.upper():4} {c.name}: {c.detail}")
+            lines.append(f"{c.status.upper():4} {c.name}: {c.detail}")
             if c.hint and c.status in ("fail", "warn"):
-                print(f"     fix: {c.hint}")
+                lines.append(f"     fix: {c.hint}")
         if profile is not None:
-            print(calibrate.render_report(profile, path=args.output))
+            lines.append(calibrate.render_report(profile, path="<stdout>" if args.output == "-" else args.output))
             if out is not None and out.allreduce:
-                print(doctor.render_table(list(out.allreduce)))
+                lines.append(doctor.render_table(list(out.allreduce)))
+    print("\n".join(lines), file=stream)
     if failed:
         print("doctor: some checks failed", file=sys.stderr)
     return 1 if failed else 0

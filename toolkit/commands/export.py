@@ -13,7 +13,8 @@ DESCRIPTION = (
     "is given): per-layer files of a dstk pipeline, or a ZeRO checkpoint of the unwrapped HF model. Write "
     "config.json and safetensors into --output, which must be new or empty. The HF architecture comes from "
     "--config, or from a config.json in the checkpoint directory. Exit 0 on success, 1 when the checkpoint does "
-    "not match the architecture, 2 on usage errors."
+    "not match the architecture, a file of it is truncated or empty (the previous complete checkpoint is named), or "
+    "`latest` points outside the directory, 2 on usage errors."
 )
 
 
@@ -34,6 +35,11 @@ def run(args: argparse.Namespace) -> int:
     refuse_stdout_dir(args.output, what="an HF model directory", hint="give a directory name, e.g. -o hf-model")
     require_train_stack("export", modules=("torch", "transformers", "safetensors"))
     from dstk.pipeline.export import export_hf
+    from dstk.train.integrity import check_export
+
+    # A truncated or empty file, a `latest` outside the directory, an empty config.json: named here,
+    # before torch.load or AutoConfig fail on them.
+    check_export(args.checkpoint_dir, tag=args.tag, config=args.config, output=args.output)
 
     # DeepSpeed's logger (imported by transformers) writes to stdout; keep stdout for the report.
     with contextlib.redirect_stdout(sys.stderr):
