@@ -75,7 +75,7 @@ def test_progress_line_has_loss_throughput_lr_and_eta():
 def test_effective_config_adds_the_monitor_and_says_what_it_changed(tmp_path):
     base = {"scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 20, "warmup_num_steps": 2}}}
     out, notes = effective_config(base, num_steps=40, metrics_dir=str(tmp_path))
-    assert out["csv_monitor"] == {"enabled": True, "output_path": str(tmp_path), "job_name": "finetune"}
+    assert out["csv_monitor"] == {"enabled": True, "output_path": str(tmp_path), "job_name": "csv"}
     assert out["scheduler"]["params"]["total_num_steps"] == 40 and base["scheduler"]["params"]["total_num_steps"] == 20
     assert len(notes) == 1 and "20 -> 40" in notes[0]
 

@@ -24,9 +24,10 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "intents" / "tiny-llama-cpu.yaml"
 CORPUS = ROOT / "templates" / "corpus" / "harbour-notes.txt"
 LAYOUTS = {
-    "zero2": ["--zero", "2"],
-    "zero3": ["--zero", "3"],
-    "zero2-offload": ["--zero", "2", "--offload-optimizer", "cpu"],
+    # ZeRO over 2 data-parallel ranks: the planner's free pick on 2 CPU ranks may be tp=2 instead
+    "zero2": ["--zero", "2", "--dp", "2"],
+    "zero3": ["--zero", "3", "--dp", "2"],
+    "zero2-offload": ["--zero", "2", "--offload-optimizer", "cpu", "--dp", "2"],
     "autotp2": ["--tp", "2", "--zero", "1"],
     "pp2": ["--pp", "2"],
 }
@@ -60,7 +61,7 @@ def _segments(out: Path) -> list[list[tuple[int, float]]]:
     """Train/loss rows of DeepSpeed's csv monitor, one segment per process that wrote them (each
     process writes the header again when it first writes)."""
     segments: list[list[tuple[int, float]]] = []
-    path = out / "metrics" / "finetune" / "Train_loss.csv"
+    path = out / "logs" / "csv" / "Train_loss.csv"
     for row in csv.reader(io.StringIO(path.read_text() if path.exists() else "")):
         if row == ["step", "loss"]:
             segments.append([])

@@ -203,7 +203,7 @@ def _lora_finetune(out: Path, *, zero: int) -> str:
 
 def _segments(out: Path) -> list[list[tuple[int, float]]]:
     segments: list[list[tuple[int, float]]] = []
-    for row in csv.reader(io.StringIO((out / "metrics" / "finetune" / "Train_loss.csv").read_text())):
+    for row in csv.reader(io.StringIO((out / "logs" / "csv" / "Train_loss.csv").read_text())):
         if row == ["step", "loss"]:
             segments.append([])
         elif row:

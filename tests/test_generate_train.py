@@ -21,11 +21,11 @@ EXAMPLE = HERE.parent.parent / "examples" / "intents" / "tiny-llama-cpu.yaml"
 # minimum (0 here), so two steps cannot move the weights; the third shows that training happens.
 STEPS = 3
 KINDS = {  # name -> pinned flags for `dstk generate`
-    "dp": ["--zero", "0"],
-    "zero1": ["--zero", "1"],
-    "zero2": ["--zero", "2"],
-    "zero3": ["--zero", "3"],
-    "zero2-offload": ["--zero", "2", "--offload-optimizer", "cpu"],
+    "dp": ["--zero", "0", "--dp", "2"],  # data parallel over the 2 ranks, whatever the planner's free pick
+    "zero1": ["--zero", "1", "--dp", "2"],
+    "zero2": ["--zero", "2", "--dp", "2"],
+    "zero3": ["--zero", "3", "--dp", "2"],
+    "zero2-offload": ["--zero", "2", "--offload-optimizer", "cpu", "--dp", "2"],
     "pp2": ["--pp", "2"],  # DeepSpeed's pipeline engine through dstk.models.to_pipeline (issue 5)
     "autotp2": ["--tp", "2", "--zero", "1"],  # AutoTP last: it sets up a TP mesh for the process
     "autotp2-zero3-offload": ["--tp", "2", "--zero", "3", "--offload-optimizer", "cpu", "--offload-params", "cpu"],

@@ -3,15 +3,16 @@
 plan -> generate -> validate -> fine-tune a tiny Llama-style model on 2 CPU ranks (gloo, the
 real DeepSpeed engine) on the corpus bundled with dstk, then show the loss and where the exported
 HF model is. No GPU and no network. Each step is the same code path as its own command.
-DeepSpeed's launcher log lines (hostfile, world info, spawned commands) go to DIR/logs/launch.log
-with the whole launch, not to the terminal; --verbose prints them too.
+DeepSpeed's and torch's INFO/WARNING lines (the launcher's hostfile, world info and spawned
+commands; the ranks' accelerator and scheduler warnings) go to DIR/logs/launch.log with the whole
+launch, not to the terminal; --verbose prints them too. On a terminal the progress is one line
+redrawn in place (``dstk.train.logs``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import sys
 import time
@@ -33,34 +34,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-finetune", action="store_true",
                         help="stop after plan, generate and validate (no DeepSpeed processes)")
     parser.add_argument("--verbose", "-v", action="store_true",
-                        help="also print DeepSpeed's launcher log lines (always kept in DIR/logs/launch.log)")
-
-
-LAUNCHER_LOG = re.compile(r"\[\d{4}-\d\d-\d\d [\d:,.]+\] \[(DEBUG|INFO|WARNING)\] ")
-"""A line of DeepSpeed's logger (``deepspeed/utils/logging.py`` line 39:
-``[%(asctime)s] [%(levelname)s] [file:line:func]``)
-at DEBUG, INFO or WARNING level. Unprefixed, it comes from the launcher processes (``deepspeed.launcher.runner`` and
-``.launch``: the hostfile, the world info, each spawned command); the ranks' lines carry ``[rank R]``."""
+                        help="also print DeepSpeed's and torch's INFO/WARNING lines (always kept in DIR/logs/launch.log)")
 
 
 def is_launcher_log(line: str) -> bool:
-    """True for DeepSpeed's launcher INFO/WARNING lines; errors, rank-prefixed lines and dstk's own stay out."""
-    return LAUNCHER_LOG.match(line) is not None
+    """True for DeepSpeed's and torch's INFO/WARNING lines, the launcher's or a rank's
+    (``dstk.train.logs.is_noise``); errors and dstk's own lines are not."""
+    from dstk.train.logs import is_noise
+
+    return is_noise(line)
 
 
 def launch_sink(*, log: TextIO, verbose: bool) -> Callable[[str, str], None]:
-    """A ``dstk.launch.run_launch`` sink: every line into ``log``; on the terminal all but the launcher's
-    log lines (all of them with ``verbose``), each stream to its own."""
+    """A ``dstk.launch.run_launch`` sink (``dstk.train.logs.RunSink``): every line into ``log``; on the
+    terminal all but DeepSpeed's and torch's INFO/WARNING lines (all of them with ``verbose``), each
+    stream to its own, the progress records drawn as one line in place when stdout is a terminal."""
+    from dstk.train.logs import RunSink
 
-    def sink(stream: str, line: str) -> None:
-        log.write(line)
-        log.flush()
-        if verbose or not is_launcher_log(line):
-            out = sys.stdout if stream == "stdout" else sys.stderr
-            out.write(line)
-            out.flush()
-
-    return sink
+    return RunSink(log=log, verbose=verbose, live=sys.stdout.isatty(), out=sys.stdout, err=sys.stderr)
 
 
 def _step(title: str) -> None:
@@ -161,7 +152,15 @@ def finetune(*, run_dir: Path, corpus: Path, ft_dir: Path, steps: int, log_path:
     spec_path = Path(printed.getvalue().strip().splitlines()[-1])
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w", encoding="utf-8") as log:
-        rc = launch(spec_path, sink=launch_sink(log=log, verbose=verbose))
-    if not verbose:
-        print(f"DeepSpeed's launcher log: {log_path}", flush=True)
+        sink = launch_sink(log=log, verbose=verbose)
+        try:
+            rc = launch(spec_path, sink=sink)
+        finally:
+            sink.close()
+    if rc:
+        from dstk.train.logs import show_tail
+
+        show_tail(log_path)
+    elif not verbose:
+        print(f"DeepSpeed's and torch's log lines: {log_path}", flush=True)
     return rc

@@ -10,8 +10,10 @@ from pathlib import Path
 HELP = "fine-tune an HF model on local data with a run directory's plan (progress, checkpoints, resume, HF export)"
 DESCRIPTION = (
     "Check the inputs, train a tokenizer when the model has none, tokenize and pack the data, then start the "
-    "plan's ranks on the deepspeed runner. Rank 0 prints progress (loss, tokens/s, lr, ETA); metrics go to "
-    "OUTPUT/metrics through DeepSpeed's csv monitor; checkpoints go to OUTPUT/checkpoints (complete or absent); "
+    "plan's ranks on the deepspeed runner. Progress (loss, tokens/s, lr, ETA): one line redrawn in place on a "
+    "terminal, a line every --log-every steps in logs and pipes; DeepSpeed's and torch's INFO/WARNING lines go "
+    "to OUTPUT/logs/launch.log (--verbose shows them); metrics go to OUTPUT/logs/ through DeepSpeed's monitor "
+    "(--report-to); checkpoints go to OUTPUT/checkpoints (complete or absent); "
     "the trained model is exported to OUTPUT/model (save_pretrained + tokenizer). Exit 0 on success, 1 on "
     "invalid input or a failed rank, 2 on usage errors."
 )
@@ -42,23 +44,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="checkpoint every N steps (always at the end)")
     parser.add_argument("--eval-every", type=int, default=0, metavar="N", help="eval every N steps (always at the end)")
     parser.add_argument("--log-every", type=int, default=1, metavar="N", help="progress line every N steps")
-    parser.add_argument("--ranks", type=int, help="ranks to launch; must equal the plan's world size")
+    parser.add_argument("--ranks", type=int, help="ranks to launch; must equal the plan's world size (with "
+                        "--resume, another number re-plans the run for it, as --gpus N does)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue the run in --output from its newest complete checkpoint")
+                        help="continue the run in --output from its newest complete checkpoint; with --gpus N on another "
+                             "number of GPUs (same global batch, DeepSpeed's universal checkpoint)")
     parser.add_argument("--trainer", choices=["native", "hf"], default="native",
                         help="native: dstk's loop on the DeepSpeed engine; hf: transformers' Trainer with the "
                              "run directory's ds_config.hf.json")
+    # --lora-rank/-alpha/-targets/-dropout/-bits are intent flags (add_intent_arguments below), the same
+    # as plan's and generate's: the plan prices the adapters and plan.json carries them to the ranks.
     lora = parser.add_argument_group("LoRA (peft): adapters on a frozen base; only they train")
-    lora.add_argument("--lora-rank", type=int, metavar="R", help="train LoRA adapters of rank R (e.g. 8)")
-    lora.add_argument("--lora-alpha", type=float, metavar="A", help="scale numerator, update = A/R * BA (default 2R)")
-    lora.add_argument("--lora-targets", metavar="all-linear|q,k,v,o,...",
-                      help="modules to adapt: all-linear (default), attention, mlp, or names such as q,v / "
-                           "gate,up,down / q_proj (the family's module names; a wrong one lists them)")
-    lora.add_argument("--lora-dropout", type=float, metavar="P", help="dropout on the adapters' input, in [0, 1) (default 0)")
-    lora.add_argument("--lora-bits", type=int, choices=[4], help="4: QLoRA, NF4 base weights (bitsandbytes, CUDA only)")
     lora.add_argument("--merge", action="store_true",
                       help="also write the base with the adapters merged into OUTPUT/model (the adapter always "
                            "goes to OUTPUT/adapter)")
+    parser.add_argument("--report-to", metavar="csv,tensorboard,wandb|none",
+                        help="metric backends, a comma list (default: csv), writing under OUTPUT/logs/ through "
+                             "DeepSpeed's monitor (the Trainer's report_to with --trainer hf); wandb runs offline "
+                             "unless WANDB_MODE is set")
+    parser.add_argument("--verbose", "-v", action="store_true",
+                        help="also print DeepSpeed's and torch's INFO/WARNING lines (always kept in "
+                             "OUTPUT/logs/launch.log)")
     parser.add_argument("--master-port", type=int, help="rendezvous port (default: a free one)")
     parser.add_argument("--prepare-only", action="store_true",
                         help="check and prepare everything, print the spec file, start nothing")
@@ -80,7 +86,42 @@ def _flag_names(args: argparse.Namespace) -> list[str]:
     by_dest = {f"i_{section}__{field}": flag for flag, section, field, _ in _FLAGS}
     by_dest.update(i_gpus="--gpus", i_constraints__offload="--no-offload",
                    i_constraints__tp_across_nodes="--tp-across-nodes")
-    return [by_dest.get(k, k) for k, v in vars(args).items() if k.startswith("i_") and v is not None]
+    return [by_dest.get(k, k) for k, v in vars(args).items()
+            if k.startswith("i_") and v is not None and k not in LORA_DESTS]
+
+
+LORA_DESTS = {f"i_training__lora_{name}": name for name in ("rank", "alpha", "targets", "dropout", "bits")}
+"""The ``--lora-*`` flags' argparse dests -> ``FinetuneRequest.lora_*``: with ``--plan`` they are not plan
+flags (a run directory planned without LoRA still trains adapters), so ``_flag_names`` leaves them out."""
+
+
+def lora_request(args: argparse.Namespace, *, intent) -> dict:
+    """``FinetuneRequest``'s ``lora_*`` fields. With ``--plan``: plan.json's ``training.lora`` (what
+    ``dstk generate --lora-rank`` wrote), or the flags when the plan has none; flags that contradict a
+    LoRA plan are refused (the plan priced other adapters). With an intent (flags applied over it):
+    its ``training.lora_*``. On ``--resume``: the flags, which ``prepare`` checks against the run."""
+    from dstk.errors import UsageError
+
+    flags = {field: getattr(args, dest, None) for dest, field in LORA_DESTS.items()}
+    if args.plan and not args.resume:
+        from dstk.launch.rundir import read_plan
+
+        planned = (read_plan(args.plan).get("training") or {}).get("lora")
+        if planned is None:
+            return {f"lora_{k}": v for k, v in flags.items()}
+        differ = [f"--lora-{k} {v}" for k, v in flags.items() if v is not None and v != planned[k]]
+        if differ:
+            raise UsageError(f"{', '.join(differ)}: the run directory's plan has LoRA rank {planned['rank']}, "
+                             f"alpha {planned['alpha']:g}, {planned['targets']}, dropout {planned['dropout']:g}"
+                             + (", 4-bit base" if planned["bits"] else ""),
+                             hint="drop the --lora-* flags to train as planned, or plan again with them "
+                                  "(dstk generate ... --lora-rank R)")
+        return {f"lora_{k}": planned[k] for k in flags}
+    if intent is not None and not isinstance(intent, str):
+        t = intent.training
+        return dict(lora_rank=t.lora_rank, lora_alpha=t.lora_alpha, lora_targets=t.lora_targets,
+                    lora_dropout=t.lora_dropout, lora_bits=t.lora_bits)
+    return {f"lora_{k}": v for k, v in flags.items()}
 
 
 def plan_intent(args: argparse.Namespace, *, log=lambda s: print(s, file=sys.stderr)):
@@ -90,7 +131,7 @@ def plan_intent(args: argparse.Namespace, *, log=lambda s: print(s, file=sys.std
     from dstk.commands.plan import intent_from_args
     from dstk.errors import UsageError
 
-    flags = _flag_names(args)
+    flags = _flag_names(args) + (["--from"] if getattr(args, "from_file", None) else [])
     if args.plan:
         if flags:
             raise UsageError(f"{', '.join(flags)} given with --plan: the run directory's plan is fixed",
@@ -141,22 +182,39 @@ def run(args: argparse.Namespace) -> int:
 
     refuse_stdout_dir(args.output, what="the run's directory", hint="give a directory name, e.g. -o ft1")
     require_train_stack("finetune")
-    from dstk.train.prepare import FinetuneRequest, launch, prepare
+    from dstk.train.logs import check_report_to, launch_logged, parse_report_to
+    from dstk.train.prepare import FinetuneRequest, prepare
+
+    report_to = None if args.report_to is None else parse_report_to(args.report_to)
+    check_report_to(report_to or ())
+    if args.resume:
+        from dstk.train.integrity import check_resume
+
+        # Before any rank starts: a damaged checkpoint or settings file is named (with the previous
+        # complete checkpoint), and a copied run directory is rebased to resume into itself.
+        check_resume(args.output, log=lambda s: print(f"dstk: {s}", file=sys.stderr))
 
     intent = args.intent if args.resume else (plan_intent(args) or args.intent)
+    ranks = args.ranks
+    if args.resume and args.i_gpus is not None:  # resume on N GPUs: re-plan for N (dstk.train.elastic)
+        from dstk.errors import UsageError
+
+        if ranks is not None and ranks != args.i_gpus:
+            raise UsageError(f"--gpus {args.i_gpus} and --ranks {ranks} disagree", hint="give one of them")
+        ranks = args.i_gpus
     req = FinetuneRequest(
         run_dir=args.plan, intent=intent, data=tuple(args.data), output_dir=args.output, model=args.model, steps=args.steps,
         epochs=args.epochs, eval_split=args.eval_split, text_field=args.text_field, prompt_field=args.prompt_field,
         response_field=args.response_field, seed=args.seed, save_every=args.save_every, eval_every=args.eval_every,
-        log_every=args.log_every, ranks=args.ranks, resume=args.resume, trainer=args.trainer,
-        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=args.lora_dropout,
-        lora_targets=args.lora_targets, lora_bits=args.lora_bits, merge=args.merge,
+        log_every=args.log_every, ranks=ranks, resume=args.resume, trainer=args.trainer,
+        merge=args.merge, **lora_request(args, intent=intent), report_to=report_to,
     )
     spec_path = prepare(req)
     if args.prepare_only:
         print(spec_path)
         return 0
-    rc = launch(spec_path, master_port=args.master_port, quiet_stdout=args.format == "json")
+    rc = launch_logged(spec_path, output_dir=args.output, verbose=args.verbose, ranks_to_stderr=args.format == "json",
+                       master_port=args.master_port, append=args.resume)
     summary = Path(args.output) / "summary.json"
     if args.format == "json" and rc == 0 and summary.is_file():
         json.dump(json.loads(summary.read_text()), sys.stdout, indent=2)

@@ -19,7 +19,8 @@ import signal
 class Diagnosis:
     code: str
     """Stable name: ``gpu-oom``, ``host-oom``, ``nccl-timeout``, ``gloo-timeout``, ``port-in-use``,
-    ``master-unreachable``, ``op-build``, ``killed``, ``bus-error``, ``segfault``, ``exit-abort``."""
+    ``master-unreachable``, ``op-build``, ``killed``, ``bus-error``, ``segfault``, ``exit-abort``,
+    ``resume`` (how to go on after lost ranks: ``resume_hint``)."""
     cause: str
     fix: str
     line: str | None = None
@@ -170,7 +171,7 @@ def diagnose(lines: list[str], *, signals: tuple[int, ...] = (), plan: dict | No
                 cause="a rank was killed by SIGKILL: most often the kernel's OOM killer, when the node ran out "
                       "of host memory" + host + ", or a scheduler enforcing a limit (Slurm, Kubernetes).",
                 fix="check `dmesg -T | grep -i -E 'killed process|out of memory'` on the node and the job's "
-                    "memory limit; resume from the last checkpoint (`dstk finetune --output OUT --resume`)"))
+                    "memory limit; then go on from the last checkpoint (the resume line, when dstk knows the run)"))
         elif sig == signal.SIGSEGV:
             out.append(Diagnosis(code="segfault", cause="a rank crashed with a segmentation fault (native code: "
                                  "an op built for another torch, a driver or library mismatch).",
@@ -180,3 +181,38 @@ def diagnose(lines: list[str], *, signals: tuple[int, ...] = (), plan: dict | No
             cause, fix = _fix("bus-error", plan=plan)
             out.append(Diagnosis(code="bus-error", cause=cause, fix=fix))
     return out
+
+
+def resume_hint(*, world_size: int, lost_ranks: tuple[int, ...], finetune_output: str | None = None,
+                trainer: str = "native") -> Diagnosis | None:
+    """How to go on after ``lost_ranks`` (killed by a signal, or never reported) of ``world_size``
+    died: on the ranks that remain, from the newest checkpoint. For a ``dstk finetune`` run
+    (``finetune_output``) that is one command (``dstk.train.elastic``: re-plan with the same global
+    batch, DeepSpeed's universal checkpoint); for a user's script, what the script needs for
+    DeepSpeed's universal checkpoint (deepspeed/checkpoint/ds_to_universal.py, ``load_universal``)."""
+    lost = sorted(set(lost_ranks))
+    if not lost:
+        return None
+    remaining = world_size - len(lost)
+    who = f"rank{'s' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of {world_size}"
+    if finetune_output is not None:
+        same = f"dstk finetune --resume --output {finetune_output}"
+        if remaining < 1 or trainer != "native":
+            return Diagnosis(code="resume", cause=f"{who} lost; the run stopped at its last complete checkpoint.",
+                             fix=f"once the GPUs are back: {same}")
+        return Diagnosis(code="resume", cause=f"{who} lost; {remaining} remain.",
+                         fix=f"resume on the {remaining} remaining GPU{'s' if remaining > 1 else ''}: {same} --gpus "
+                             f"{remaining} (the same global batch with more accumulation steps; the newest complete "
+                             f"checkpoint is converted to DeepSpeed's universal checkpoint), or on all {world_size} "
+                             f"once they are back: {same}")
+    if remaining < 1:
+        return None
+    return Diagnosis(code="resume", cause=f"{who} lost; {remaining} remain.",
+                     fix=f"to go on with the {remaining} remaining GPU{'s' if remaining > 1 else ''}, your script "
+                         "needs checkpoints (`engine.save_checkpoint(DIR, tag)`) and a data position that depends on "
+                         "the global step, not on the rank; convert the newest one (`python -m "
+                         "deepspeed.checkpoint.ds_to_universal --input_folder DIR/TAG --output_folder "
+                         "DIR/TAG-universal --inject_missing_state`), plan for the remaining GPUs with the same "
+                         f"global batch (`dstk generate INTENT --gpus {remaining} --global-batch B`), add "
+                         "\"checkpoint\": {\"load_universal\": true} to that ds_config.json, and load with "
+                         "`engine.load_checkpoint(DIR, tag=\"TAG-universal\")`")

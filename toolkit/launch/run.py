@@ -114,11 +114,15 @@ def judge(*, runner_returncode: int, ranks: list[RankExit], world_size: int, exp
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write via a temp file in the same directory and ``os.replace``: never a half-written file."""
+    """Write via a temp file in the same directory and ``os.replace``: never a half-written file.
+    The file gets mode 0666 less the umask, as open(2) would give it (mkstemp's 0600 otherwise)."""
+    from dstk.render import _umask
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -249,7 +253,14 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
         _check_env_files(plan, sink)
     # With node_rank set only this node's ranks report here.
     expected = spec.world_size if spec.node_rank is None else 0
-    result = run_plan(plan, world_size=expected, expect_reports=spec.prefix_output, sink=sink)
+    try:
+        result = run_plan(plan, world_size=expected, expect_reports=spec.prefix_output, sink=sink)
+    finally:
+        from dstk.launch.shm import remove_run_buffers
+
+        # DeepSpeed's CPU shm all-reduce never unlinks its 66 MiB per-rank buffers (dstk.launch.shm):
+        # free this run's (its port), success or failure; one a live process maps or holds open is kept.
+        remove_run_buffers(master_port=spec.master_port)
     if spec.node_rank is not None and spec.prefix_output and len(result.ranks) < spec.gpus_per_node:
         lost = spec.gpus_per_node - len(result.ranks)
         result = dataclasses.replace(result, returncode=result.returncode or 1,
@@ -259,7 +270,25 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
     if result.returncode != 0:
         for found in explain_failure(result, run_dir=spec.run_dir):
             sink("stderr", "dstk: " + found.render().replace("\n", "\ndstk: ") + "\n")
+        hint = resume_after(result, spec=spec)
+        if hint is not None:
+            sink("stderr", "dstk: " + hint.render().replace("\n", "\ndstk: ") + "\n")
     return result.returncode
+
+
+def resume_after(result: LaunchResult, *, spec: LaunchSpec):
+    """``dstk.launch.diagnose.resume_hint`` for a launch whose ranks were killed by a signal or never
+    reported (a lost GPU or node; a rank that raised an error is not one): for ``dstk finetune``'s
+    ranks (``-m dstk.train.worker OUT/finetune.json``) the command that resumes on the rest."""
+    from dstk.launch.diagnose import resume_hint
+
+    lost = tuple(r.rank for r in result.ranks if r.returncode < 0 and not r.stopped and r.rank is not None)
+    lost += result.missing_ranks
+    output, trainer = None, "native"
+    if spec.module and spec.script in ("dstk.train.worker", "dstk.train.hf_worker") and spec.script_args:
+        output = str(Path(spec.script_args[0]).parent)
+        trainer = "hf" if spec.script == "dstk.train.hf_worker" else "native"
+    return resume_hint(world_size=spec.world_size, lost_ranks=lost, finetune_output=output, trainer=trainer)
 
 
 def explain_failure(result: LaunchResult, *, run_dir: str | os.PathLike | None = None) -> list:

@@ -25,6 +25,55 @@ class _Blocks:
         return {"input_ids": self.tensor[i], "labels": self.tensor[i]}
 
 
+def _reporting(spec: TrainSpec, *, tokens_per_step: int):
+    """A ``TrainerCallback`` for rank 0: each of the Trainer's logs (every ``logging_steps``, and the
+    first and last step) as a
+    ``progress_record`` line that the parent draws (``dstk.train.logs.RunSink``), the eval loss as
+    a line, and with csv in ``report_to`` the loss and lr into DeepSpeed's csv monitor (the engine
+    writes only its own lr and timers there; the Trainer has no csv backend)."""
+    import time
+
+    from transformers import TrainerCallback
+
+    from dstk.train.progress import progress_record
+
+    class Reporting(TrainerCallback):
+        def __init__(self):
+            self.trainer = None
+            self.t0 = time.perf_counter()
+            self.start = 0
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.t0, self.start = time.perf_counter(), state.global_step
+
+        def on_step_end(self, args, state, control, **kwargs):
+            # Also log the first and the last step, as the native loop does: the progress line then
+            # starts at once and ends at steps/steps with the summary below it.
+            if state.global_step in (self.start + 1, state.max_steps):
+                control.should_log = True
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs, step = logs or {}, state.global_step
+            engine = getattr(self.trainer, "model_wrapped", None)
+            monitor = getattr(engine, "monitor", None)
+            if "loss" in logs and "csv" in spec.report_to and monitor is not None:
+                monitor.write_events([("Train/loss", logs["loss"], step),
+                                      ("Train/lr", logs.get("learning_rate", 0.0), step)])
+            if not state.is_world_process_zero:
+                return
+            if "loss" in logs:
+                elapsed = time.perf_counter() - self.t0
+                print(progress_record(step=step, num_steps=state.max_steps, loss=float(logs["loss"]),
+                                      tokens_per_second=tokens_per_step * (step - self.start) / max(elapsed, 1e-9),
+                                      lr=float(logs.get("learning_rate", 0.0)), elapsed_seconds=elapsed,
+                                      start_step=self.start), flush=True)
+            if "eval_loss" in logs:
+                ev = logs["eval_loss"]
+                print(f"step {step}: eval loss {ev:.4f}, perplexity {math.exp(min(ev, 50)):.2f}", flush=True)
+
+    return Reporting()
+
+
 def main(argv: list[str]) -> int:
     import torch
     from transformers import AutoTokenizer, Trainer, TrainingArguments
@@ -49,6 +98,16 @@ def main(argv: list[str]) -> int:
     train = torch.load(spec.train_blocks)
     evals = torch.load(spec.eval_blocks) if spec.eval_blocks else None
     out = Path(spec.output_dir)
+    import os
+
+    from dstk.train.logs import wandb_env
+
+    # The Trainer's own tensorboard and wandb integrations, writing under OUTPUT/logs like the native loop's.
+    report_to = [name for name in spec.report_to if name != "csv"]
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", str(out / "logs" / "tensorboard"))
+    if "wandb" in report_to:
+        os.environ.update(wandb_env(logs_dir=str(out / "logs")))
+        os.environ.setdefault("WANDB_PROJECT", "dstk-finetune")
     args = TrainingArguments(
         output_dir=str(out / "checkpoints"), max_steps=spec.num_steps, seed=spec.seed, data_seed=spec.seed,
         per_device_train_batch_size=int(ds_plain["train_micro_batch_size_per_gpu"]),
@@ -59,14 +118,20 @@ def main(argv: list[str]) -> int:
         adam_epsilon=float(opt.get("eps", 1e-8)), max_grad_norm=float(ds_plain.get("gradient_clipping", 1.0)),
         warmup_steps=int(sched.get("warmup_num_steps", 0)), bf16=spec.precision == "bf16", optim=optim, **schedule,
         fp16=spec.precision == "fp16", deepspeed=spec.hf_ds_config, logging_steps=spec.log_every,
-        save_steps=spec.save_every or spec.num_steps, save_strategy="steps", report_to=[],
+        save_steps=spec.save_every or spec.num_steps, save_strategy="steps", report_to=report_to,
         eval_strategy="steps" if spec.eval_every and evals is not None else "no",
         eval_steps=spec.eval_every or None, disable_tqdm=True, dataloader_num_workers=0,
         use_cpu=not torch.cuda.is_available(), ddp_backend=None if torch.cuda.is_available() else "gloo",
     )
     model = build_model(spec)
+    from transformers.trainer_callback import PrinterCallback
+
+    reporting = _reporting(spec, tokens_per_step=args.per_device_train_batch_size * args.gradient_accumulation_steps
+                           * (spec.world_size // spec.tp) * train.shape[1])
     trainer = Trainer(model=model, args=args, train_dataset=_Blocks(train),
-                      eval_dataset=_Blocks(evals) if evals is not None else None)
+                      eval_dataset=_Blocks(evals) if evals is not None else None, callbacks=[reporting])
+    reporting.trainer = trainer
+    trainer.remove_callback(PrinterCallback)  # its dict per log: the progress records say the same
     has_ckpt = any((out / "checkpoints").glob("checkpoint-*"))
     trainer.train(resume_from_checkpoint=bool(spec.resume and has_ckpt))
     metrics = trainer.evaluate() if evals is not None else {}

@@ -54,6 +54,8 @@ class FinetuneRequest:
     """4: QLoRA (bitsandbytes NF4 base weights; CUDA only)."""
     merge: bool = False
     """With LoRA: also write the merged model to OUTPUT/model."""
+    report_to: tuple[str, ...] | None = None
+    """``--report-to`` (``dstk.train.logs.parse_report_to``); None: not given (csv; a resumed run keeps its own)."""
 
 
 def precision_of(config: dict) -> str:
@@ -70,15 +72,15 @@ def global_batch_of(config: dict, *, dp: int) -> int:
     return micro * accum * dp
 
 
-def effective_config(config: dict, *, num_steps: int, metrics_dir: str) -> tuple[dict, list[str]]:
-    """The plan's config plus DeepSpeed's csv monitor, with the scheduler's length set to the run's
+def effective_config(config: dict, *, num_steps: int, metrics_dir: str,
+                     report_to: tuple[str, ...] = ("csv",)) -> tuple[dict, list[str]]:
+    """The plan's config plus DeepSpeed's monitor blocks for ``report_to`` (under ``metrics_dir``,
+    ``dstk.train.logs.monitor_blocks``), with the scheduler's length set to the run's
     step count. Returns (config, notes) -- each change is said, none is silent."""
-    import importlib.util
+    from dstk.train.logs import monitor_blocks
 
     out, notes = copy.deepcopy(config), []
-    out["csv_monitor"] = {"enabled": True, "output_path": metrics_dir, "job_name": "finetune"}
-    if importlib.util.find_spec("tensorboard") is not None:
-        out["tensorboard"] = {"enabled": True, "output_path": metrics_dir, "job_name": "tensorboard"}
+    out.update(monitor_blocks(report_to, logs_dir=metrics_dir))
     params = (out.get("scheduler") or {}).get("params") or {}
     if "total_num_steps" in params and params["total_num_steps"] != num_steps:
         notes.append(f"scheduler.params.total_num_steps {params['total_num_steps']} -> {num_steps} "
@@ -132,11 +134,21 @@ def prepare(req: FinetuneRequest, *, log=lambda s: print(s, file=sys.stderr)) ->
         if not spec_path.is_file():
             raise UsageError(f"--resume: {spec_path} not found", hint="resume in the --output of an earlier run")
         spec = TrainSpec.load(spec_path)
-        _check_plan(dataclasses.replace(req, run_dir=spec.run_dir))
+        elastic = req.ranks is not None and req.ranks != spec.world_size
+        _check_plan(dataclasses.replace(req, run_dir=spec.run_dir, ranks=None if elastic else req.ranks))
         if req.steps is not None and req.steps != spec.num_steps:
             raise DstkError(f"--steps {req.steps} differs from the run being resumed ({spec.num_steps})",
                             hint="drop --steps to resume as planned, or start a new --output")
         _check_resume_lora(req, spec)
+        if req.report_to is not None and tuple(req.report_to) != spec.report_to:
+            raise DstkError(f"--report-to {','.join(req.report_to) or 'none'} differs from the run being resumed "
+                            f"({','.join(spec.report_to) or 'none'})",
+                            hint="drop --report-to to resume as the run started, or start a new --output")
+        if elastic:  # --gpus/--ranks N: re-plan, convert the checkpoint (dstk.train.elastic)
+            from dstk.train.elastic import resume_on
+
+            log(f"resuming the {spec.world_size}-rank run in {out} on {req.ranks} rank(s)")
+            spec = resume_on(spec, num_ranks=req.ranks, log=log)
         log(f"resuming with the settings in {spec_path}")
         spec = dataclasses.replace(spec, resume=True)
         spec.dump(spec_path)
@@ -305,7 +317,9 @@ def _prepare_new(req: FinetuneRequest, out: Path, *, log) -> Path:
             raise UsageError("no step count: the plan has no train_steps", hint="pass --steps N or --epochs E")
     if steps < 1:
         raise UsageError(f"--steps {steps}: expected >= 1", hint="e.g. --steps 20")
-    effective, notes = effective_config(config, num_steps=int(steps), metrics_dir=str((out / "metrics").resolve()))
+    report_to = ("csv",) if req.report_to is None else tuple(req.report_to)
+    effective, notes = effective_config(config, num_steps=int(steps), metrics_dir=str((out / "logs").resolve()),
+                                        report_to=report_to)
     for note in notes:
         log(f"note: {note}")
     from dstk.launch.run import write_atomic
@@ -320,7 +334,8 @@ def _prepare_new(req: FinetuneRequest, out: Path, *, log) -> Path:
         if not src.is_file():
             raise UsageError(f"{src}: not found", hint="regenerate the run directory with `dstk generate`")
         hf_cfg = json.loads(src.read_text(encoding="utf-8"))
-        hf_cfg["csv_monitor"] = effective["csv_monitor"]
+        if "csv_monitor" in effective:  # the Trainer reports to tensorboard/wandb itself (hf_worker)
+            hf_cfg["csv_monitor"] = effective["csv_monitor"]
         hf_config_path = out / "ds_config.hf.json"
         write_atomic(hf_config_path, json.dumps(hf_cfg, indent=2) + "\n")
     if local_dir:
@@ -339,6 +354,7 @@ def _prepare_new(req: FinetuneRequest, out: Path, *, log) -> Path:
         precision=precision_of(config), save_every=req.save_every, eval_every=req.eval_every,
         log_every=req.log_every, resume=False, trainer=req.trainer, run_dir=str(Path(req.run_dir).resolve()),
         hf_ds_config=str(hf_config_path.resolve()) if hf_config_path else None, lora=lora, merge=req.merge,
+        report_to=report_to,
     )
     spec.dump(spec_path)
     return spec_path

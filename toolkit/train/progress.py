@@ -1,6 +1,12 @@
-"""The rank-0 progress line and the final summary (pure functions of the figures)."""
+"""The progress line and the final summary (pure functions of the figures), and the structured
+record a rank prints so that the parent ``dstk finetune`` can draw the line (``dstk.train.logs``)."""
 
 from __future__ import annotations
+
+import json
+
+PROGRESS_TAG = "DSTK_PROGRESS "
+"""Starts the one-line JSON record rank 0 prints after every optimizer step (``progress_record``)."""
 
 
 def _duration(seconds: float) -> str:
@@ -10,18 +16,66 @@ def _duration(seconds: float) -> str:
     return f"{hours}:{m:02d}:{s:02d}" if hours else f"{m:02d}:{s:02d}"
 
 
-def format_progress(*, step: int, num_steps: int, loss: float, tokens_per_second: float, lr: float,
-                    elapsed_seconds: float, width: int = 20) -> str:
-    """``[#####.....] 5/10 loss 4.321 1.2k tok/s lr 1.0e-03 00:03<00:03``.
+def eta_seconds(*, step: int, num_steps: int, start_step: int, elapsed_seconds: float) -> float:
+    """elapsed / steps done by this process x steps left: the mean step time so far (DeepSpeed's
+    first step is slower, so the estimate starts high and settles). A resumed process counts from
+    its ``start_step``, not from 0."""
+    done = step - start_step
+    return elapsed_seconds / done * (num_steps - step) if done > 0 else 0.0
 
-    ETA = elapsed / step * (num_steps - step): the mean step time so far (DeepSpeed's first step is
-    slower, so the estimate starts high and settles)."""
-    done = int(width * step / num_steps)
-    bar = "#" * done + "." * (width - done)
-    eta = elapsed_seconds / step * (num_steps - step) if step else 0.0
-    tps = f"{tokens_per_second / 1000:.1f}k" if tokens_per_second >= 1000 else f"{tokens_per_second:.0f}"
-    return (f"[{bar}] {step}/{num_steps} loss {loss:.4f} {tps} tok/s lr {lr:.2e} "
-            f"{_duration(elapsed_seconds)}<{_duration(eta)}")
+
+def format_progress(*, step: int, num_steps: int, loss: float, tokens_per_second: float, lr: float,
+                    elapsed_seconds: float, width: int = 20, start_step: int = 0,
+                    max_columns: int | None = None) -> str:
+    """``[#####.....] 5/10 loss 4.321 1.2k tok/s lr 1.0e-03 00:03<00:03`` (elapsed<ETA, ``eta_seconds``).
+
+    ``max_columns``: the line never gets longer; the bar narrows to 10, then goes, then the
+    elapsed time (ETA stays), lr and tokens/s go, in that order; a terminal narrower than
+    ``5/10 loss 4.3211 ETA 00:05`` gets that text cut."""
+    eta = eta_seconds(step=step, num_steps=num_steps, start_step=start_step, elapsed_seconds=elapsed_seconds)
+    tps = (f"{tokens_per_second / 1e6:.1f}M" if tokens_per_second >= 1e6 else
+           f"{tokens_per_second / 1000:.1f}k" if tokens_per_second >= 1000 else f"{tokens_per_second:.0f}")
+
+    def bar(cells: int) -> list[str]:
+        done = int(cells * step / num_steps)
+        return [f"[{'#' * done}{'.' * (cells - done)}]"] if cells else []
+
+    def line(cells: int, *, clock: bool = True, rate: bool = True, lr_shown: bool = True) -> str:
+        parts = bar(cells) + [f"{step}/{num_steps}", f"loss {loss:.4f}"]
+        parts += [f"{tps} tok/s"] if rate else []
+        parts += [f"lr {lr:.2e}"] if lr_shown else []
+        parts += [f"{_duration(elapsed_seconds)}<{_duration(eta)}" if clock else f"ETA {_duration(eta)}"]
+        return " ".join(parts)
+
+    full = line(width)
+    if max_columns is None or len(full) <= max_columns:
+        return full
+    for text in (line(10), line(0), line(0, clock=False), line(0, clock=False, lr_shown=False),
+                 line(0, clock=False, lr_shown=False, rate=False)):
+        if len(text) <= max_columns:
+            return text
+    return text[:max(max_columns, 0)]
+
+
+def progress_record(*, step: int, num_steps: int, loss: float, tokens_per_second: float, lr: float,
+                    elapsed_seconds: float, start_step: int = 0, log: bool = True) -> str:
+    """One line: ``PROGRESS_TAG`` + JSON of the figures; ``log`` says whether this step is one of
+    the ``--log-every`` steps (the line printed in logs and pipes)."""
+    return PROGRESS_TAG + json.dumps({"step": step, "num_steps": num_steps, "loss": loss,
+                                      "tokens_per_second": tokens_per_second, "lr": lr,
+                                      "elapsed_seconds": elapsed_seconds, "start_step": start_step, "log": log})
+
+
+def parse_record(text: str) -> dict | None:
+    """The figures of a ``progress_record`` line (its rank prefix already removed), or None."""
+    if not text.startswith(PROGRESS_TAG):
+        return None
+    try:
+        data = json.loads(text[len(PROGRESS_TAG):])
+        fields = {k: data[k] for k in ("step", "num_steps", "loss", "tokens_per_second", "lr", "elapsed_seconds")}
+        return {**fields, "start_step": int(data.get("start_step", 0)), "log": bool(data.get("log", True))}
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def format_summary(*, num_steps: int, first_loss: float, last_loss: float, eval_loss: float | None,

@@ -15,7 +15,7 @@ class TrainSpec:
     """Everything a rank needs; the parent has already checked and prepared it."""
 
     output_dir: str
-    """Run output: checkpoints/, metrics/, model/ (the HF export), prepared/ (data, tokenizer)."""
+    """Run output: checkpoints/, logs/ (launch.log, metrics), model/ (the HF export), prepared/ (data, tokenizer)."""
     ds_config: str
     """The effective DeepSpeed config (the plan's, plus the csv monitor and the step count)."""
     model_source: str
@@ -47,6 +47,10 @@ class TrainSpec:
     """LoRA adapters on a frozen base (``--lora-rank``); None: every weight trains."""
     merge: bool = False
     """With ``lora``: also export the base with the adapters merged into OUTPUT/model."""
+    report_to: tuple[str, ...] = ("csv",)
+    """``--report-to``: the metric backends (csv, tensorboard, wandb), writing under OUTPUT/logs/;
+    the native loop through DeepSpeed's monitor blocks in ``ds_config``, the Trainer through
+    ``TrainingArguments.report_to`` (``dstk.train.logs``)."""
 
     def __post_init__(self) -> None:
         for name in ("num_steps", "world_size", "tp", "pp", "log_every"):
@@ -72,4 +76,6 @@ class TrainSpec:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
         if data.get("lora") is not None:
             data["lora"] = LoraSettings.from_json(data["lora"])
+        if "report_to" in data:
+            data["report_to"] = tuple(data["report_to"])
         return cls(**data)

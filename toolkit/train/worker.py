@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 
 from dstk.train import checkpoint as ckpt
-from dstk.train.data import rank_micro_batches, step_blocks
-from dstk.train.progress import format_progress, format_summary
+from dstk.train import elastic
+from dstk.train.data import rank_micro_batches
+from dstk.train.progress import format_summary, progress_record
 from dstk.train.spec import TrainSpec
 
 
@@ -116,13 +117,14 @@ def evaluate(engine, blocks, *, micro_batch: int) -> float:
     return total / max(count, 1)
 
 
-def save(engine, spec: TrainSpec, *, step: int, rank: int) -> None:
+def save(engine, spec: TrainSpec, *, step: int, rank: int, samples: int) -> None:
+    """``samples``: training samples read through ``step`` (the data position, ``dstk_samples``)."""
     import torch
     import deepspeed.comm as dist
 
     root = Path(spec.output_dir) / "checkpoints"
-    engine.save_checkpoint(str(root), tag=ckpt.temp_tag_for(step), client_state={"dstk_step": step},
-                           save_latest=False)
+    engine.save_checkpoint(str(root), tag=ckpt.temp_tag_for(step),
+                           client_state={"dstk_step": step, "dstk_samples": samples}, save_latest=False)
     torch.save(_rng_state(), root / ckpt.temp_tag_for(step) / f"dstk_rng_rank{rank}.pt")
     dist.barrier()  # every rank's files are written before the tag is published
     if rank == 0:
@@ -263,6 +265,10 @@ def main(argv: list[str]) -> int:
     if world != spec.world_size:
         raise SystemExit(f"dstk: this run was prepared for {spec.world_size} ranks but {world} started")
     config = json.loads(Path(spec.ds_config).read_text(encoding="utf-8"))
+    if "wandb" in spec.report_to:  # DeepSpeed's wandb block has no directory or mode: wandb reads these
+        from dstk.train.logs import wandb_env
+
+        os.environ.update(wandb_env(logs_dir=str(Path(spec.output_dir) / "logs")))
     random.seed(spec.seed)
     torch.manual_seed(spec.seed)
     model = build_model(spec)
@@ -280,6 +286,12 @@ def main(argv: list[str]) -> int:
         total = sum(p.numel() for p in model.parameters())
         count = sum(p.numel() for p in trainable)
         _say(f"LoRA: {count:,} trainable parameters of {total:,} ({100 * count / total:.2f}%); the base is frozen")
+    root = Path(spec.output_dir) / "checkpoints"
+    # On another number of ranks than the checkpoint's, DeepSpeed loads its universal copy (made by
+    # `dstk finetune --resume --gpus N`, dstk.train.elastic), which needs checkpoint.load_universal.
+    resume_from = elastic.resume_source(root, world_size=world) if spec.resume else None
+    if resume_from is not None and resume_from.universal:
+        config = elastic.universal_config(config)
     engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable, config=config)
     micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     dp = world // (spec.tp * spec.pp)
@@ -287,19 +299,24 @@ def main(argv: list[str]) -> int:
     dp_rank = engine.grid.get_data_parallel_id() if spec.pp > 1 else rank // spec.tp
     global_batch = micro * accum * dp
     device = engine.device
-    root = Path(spec.output_dir) / "checkpoints"
 
-    start = 0
+    start = samples = 0
     if spec.resume:
-        found = ckpt.newest_complete(root)
-        if found is not None:
-            start, tag = found
-            path, client = engine.load_checkpoint(str(root), tag=tag)
+        if resume_from is not None:
+            start, tag = resume_from.step, resume_from.tag
+            path, client = engine.load_checkpoint(str(root), tag=resume_from.load_tag)
             if path is None or client.get("dstk_step") != start:
-                raise SystemExit(f"dstk: checkpoint {root / tag} did not load")
-            _set_rng_state(torch.load(root / tag / f"dstk_rng_rank{rank}.pt", weights_only=False))
+                raise SystemExit(f"dstk: checkpoint {root / resume_from.load_tag} did not load")
+            # Checkpoints older than dstk_samples were written with this run's unchanged global batch.
+            samples = int(client.get("dstk_samples", start * global_batch))
+            rng = root / tag / f"dstk_rng_rank{rank}.pt"
+            # A rank the checkpoint did not have takes rank 0's RNG state (every rank is seeded alike).
+            rng = rng if rng.is_file() else root / tag / "dstk_rng_rank0.pt"
+            _set_rng_state(torch.load(rng, weights_only=False))
             if rank == 0:
-                _say(f"resumed from {root / tag} (step {start}); continuing at step {start + 1}")
+                via = (f" (written by {resume_from.saved_world_size} ranks, loaded on {world} through DeepSpeed's "
+                       f"universal checkpoint {root / resume_from.load_tag})" if resume_from.universal else "")
+                _say(f"resumed from {root / tag} (step {start}){via}; continuing at step {start + 1}")
         elif rank == 0:
             _say(f"no complete checkpoint in {root}; starting from step 1")
     if rank == 0:
@@ -312,7 +329,9 @@ def main(argv: list[str]) -> int:
     t0 = time.perf_counter()
     monitor = engine.monitor
     for step in range(start, spec.num_steps):
-        blocks = step_blocks(step, num_blocks=len(train), global_batch=global_batch, seed=spec.seed)
+        # The data order is a function of the sample position, not of the rank count (dstk.train.elastic).
+        blocks = elastic.sample_blocks(samples + (step - start) * global_batch, count=global_batch,
+                                       num_blocks=len(train), seed=spec.seed)
         losses = []
         micro_batches = rank_micro_batches(blocks, dp_rank=dp_rank, dp=dp, micro_batch=micro, grad_accum=accum)
         if spec.pp > 1:  # the pipeline engine runs the micro-batches and the optimizer step itself
@@ -339,11 +358,12 @@ def main(argv: list[str]) -> int:
             if rank == 0:
                 _say(f"step {done}: eval loss {ev:.4f}, perplexity {math.exp(min(ev, 50)):.2f}")
         monitor.write_events(events)  # rank 0 only, inside DeepSpeed's monitor
-        if rank == 0 and (done % spec.log_every == 0 or done == spec.num_steps or done == start + 1):
-            _say(format_progress(step=done, num_steps=spec.num_steps, loss=loss, tokens_per_second=tps, lr=lr,
-                                 elapsed_seconds=elapsed))
+        if rank == 0:  # a record every step: the parent draws it (dstk.train.logs.RunSink)
+            _say(progress_record(step=done, num_steps=spec.num_steps, loss=loss, tokens_per_second=tps, lr=lr,
+                                 elapsed_seconds=elapsed, start_step=start,
+                                 log=done % spec.log_every == 0 or done == spec.num_steps or done == start + 1))
         if spec.save_every and done % spec.save_every == 0 and done != spec.num_steps:
-            save(engine, spec, step=done, rank=rank)
+            save(engine, spec, step=done, rank=rank, samples=samples + (done - start) * global_batch)
     elapsed = time.perf_counter() - t0
     ev = None
     if evals is not None:
@@ -351,7 +371,7 @@ def main(argv: list[str]) -> int:
         monitor.write_events([("Eval/loss", ev, spec.num_steps), ("Eval/perplexity", math.exp(min(ev, 50)), spec.num_steps)])
     last_ckpt = None
     if start < spec.num_steps:
-        save(engine, spec, step=spec.num_steps, rank=rank)
+        save(engine, spec, step=spec.num_steps, rank=rank, samples=samples + (spec.num_steps - start) * global_batch)
         last_ckpt = str(root / ckpt.tag_for(spec.num_steps))
     # The trained engine on one micro-batch (logits; the loss for a pipeline, whose logits stay on
     # the last stage): anyone can compare the exported model with it.
