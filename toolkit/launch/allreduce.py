@@ -36,6 +36,24 @@ def parse_size(text: str) -> int:
     return int(text)
 
 
+def start_rank():
+    """Join the run's process group on the accelerator's backend (NCCL on GPUs, gloo on CPUs; a group
+    already up is kept) and bind this rank's device: ``(accelerator, backend name, torch.device)``."""
+    import os
+
+    import deepspeed
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    accel = get_accelerator()
+    backend = accel.communication_backend_name()
+    deepspeed.init_distributed(dist_backend=backend)
+    device = torch.device(accel.device_name(int(os.environ.get("LOCAL_RANK", 0))))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return accel, backend, device
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m dstk.launch.allreduce")
     parser.add_argument("--sizes", default="1M,8M", help="buffer sizes, comma-separated (K/M/G = KiB/MiB/GiB)")
@@ -44,18 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the runner adds it
     args = parser.parse_args(argv)
 
-    import deepspeed
     import torch
     import torch.distributed as dist
-    from deepspeed.accelerator import get_accelerator
 
-    accel = get_accelerator()
-    backend = accel.communication_backend_name()
-    deepspeed.init_distributed(dist_backend=backend)
+    accel, backend, device = start_rank()
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device(accel.device_name(int(__import__("os").environ.get("LOCAL_RANK", 0))))
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     for size in [parse_size(s) for s in args.sizes.split(",")]:
         buf = torch.ones(size // 4, dtype=torch.float32, device=device)
         for _ in range(args.warmup):

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 
@@ -203,20 +202,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # the runner adds it
     args = parser.parse_args(argv)
 
-    import deepspeed
     import torch
     import torch.distributed as dist
-    from deepspeed.accelerator import get_accelerator
 
     from dstk.launch import allreduce
 
-    accel = get_accelerator()
-    backend = accel.communication_backend_name()
-    deepspeed.init_distributed(dist_backend=backend)
+    _, backend, device = allreduce.start_rank()
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device(accel.device_name(int(os.environ.get("LOCAL_RANK", 0))))
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     mine = measure_rank(device=device, precision=args.precision, dims=[int(d) for d in args.dims.split(",")],
                         tokens=args.tokens, copy_bytes=allreduce.parse_size(args.copy_bytes), warmup=args.warmup,
                         min_seconds=args.min_seconds, barrier=dist.barrier,
