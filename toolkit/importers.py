@@ -798,8 +798,8 @@ def _read_llamafactory(r: _Reader, data: dict) -> None:
                 r.lines.append(ImportLine(action="carried", key=key, value=value, where=r.where(key),
                                           reason="full fine-tuning is what dstk plans"))
             else:
-                r.drop(key, value, f"{value}: dstk prices full training, so the plan is an upper bound "
-                                   "(frozen weights need no gradients or optimizer states)")
+                r.drop(key, value, f"{value}: not carried by the import; give `--lora-rank R` (and `--lora-targets`) "
+                                   "to plan the adapters, else the plan prices full training (an upper bound)")
         elif key == "stage":
             if value in ("pt", "sft"):
                 r.lines.append(ImportLine(action="carried", key=key, value=value, where=r.where(key),
@@ -880,7 +880,9 @@ def _read_axolotl(r: _Reader, data: dict) -> None:
             if key == "adapter" and not value:
                 r.drop(key, value, "unset: full fine-tuning")
             else:
-                r.drop(key, value, "adapter/quantization setting: dstk prices full 16-bit training (an upper bound)")
+                r.drop(key, value, "adapter/quantization setting, not carried by the import: give `--lora-rank R` "
+                                   "(`--lora-bits 4` for QLoRA) to plan the adapters, else the plan prices full "
+                                   "16-bit training (an upper bound)")
         elif key == "sample_packing":
             r.drop(key, value, "packing fills each sequence to sequence_len: the plan already prices full sequences")
         elif key in _AXOLOTL_DATA:
