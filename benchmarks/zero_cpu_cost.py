@@ -5,6 +5,11 @@
 DeepSpeed's torch backend) and the measured ms/step next to ``dstk estimate --config``'s.
 
     .venv/bin/python benchmarks/zero_cpu_cost.py [--steps 5] [--repeats 20] [--hardware FILE]
+    .venv/bin/python benchmarks/zero_cpu_cost.py --zero3-calls
+
+``--zero3-calls`` counts instead ZeRO-3's collectives in forward, backward and ``engine.step()`` of
+steps 1-3 (a tiny and a 5M Llama; generated, default and tighter ``stage3_*`` settings; with and
+without HF's full recompute) next to ``steptime.zero3_gathers`` / ``collective_calls`` (about 40 s).
 
 One launch of 2 ranks runs all eight configs in turn (about a minute here). The step is
 ``engine.backward(loss); engine.step()`` over the plan's micro-batch and accumulation, with no
@@ -37,10 +42,10 @@ _OPS = ("all_reduce", "inference_all_reduce", "all_reduce_coalesced", "reduce", 
         "recv", "isend", "irecv")
 
 
-def _worker(spec_path: str, steps: int, repeats: int) -> None:
-    """One rank: every config of ``spec_path`` in turn, a ``TAG`` line per config from rank 0."""
-    import torch
-    import torch.distributed as tdist
+def _backend_counter():
+    """``(counts, counting)``: ``counting(True)`` wraps DeepSpeed's torch backend
+    (``deepspeed.comm.torch.TorchBackend``) so that each collective adds one to ``counts[op]``;
+    ``counting(False)`` puts DeepSpeed's own methods back."""
     from deepspeed.comm.torch import TorchBackend
 
     counts: dict[str, int] = {}
@@ -55,10 +60,20 @@ def _worker(spec_path: str, steps: int, repeats: int) -> None:
         return counted
 
     def counting(on: bool) -> None:
-        # Only while counting: a Python wrapper around the backend slowed the backward pass of
-        # ZeRO-0 2-3x here (measured), so the timed steps run DeepSpeed's own methods.
         for name, inner in originals.items():
             setattr(TorchBackend, name, wrap(name) if on else inner)
+
+    return counts, counting
+
+
+def _worker(spec_path: str, steps: int, repeats: int) -> None:
+    """One rank: every config of ``spec_path`` in turn, a ``TAG`` line per config from rank 0."""
+    import torch
+    import torch.distributed as tdist
+
+    # Only while counting: a Python wrapper around the backend slowed the backward pass of ZeRO-0
+    # 2-3x here (measured), so the timed steps run DeepSpeed's own methods.
+    counts, counting = _backend_counter()
 
     import deepspeed
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -109,12 +124,180 @@ def _worker(spec_path: str, steps: int, repeats: int) -> None:
     exit_rank()
 
 
+_PHASES = ("forward", "backward", "step")
+
+
+def count_zero3(*, config: dict, hf_config: dict, seq_len: int, recompute: bool, num_steps: int = 3) -> list[dict]:
+    """Collective calls of each phase (forward, backward, ``engine.step``) of steps ``1..num_steps``
+    of one micro-batch per step under ``config``, counted by wrapping DeepSpeed's torch backend
+    (``deepspeed.comm.torch.TorchBackend``); call once per rank inside an initialised gloo group.
+    ``recompute``: HF's ``gradient_checkpointing_enable()`` (full recompute of each layer).
+    Returns one ``{"forward": {op: n}, "backward": ..., "step": ...}`` per step."""
+    import torch
+    import deepspeed
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    counts, counting = _backend_counter()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in hf_config.items() if k != "model_type"}))
+    if recompute:
+        model.gradient_checkpointing_enable()
+    model.train()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=list(model.parameters()), config=config)
+    ids = torch.randint(0, hf_config["vocab_size"], (config["train_micro_batch_size_per_gpu"], seq_len))
+    steps = []
+    counting(True)
+    try:
+        for _ in range(num_steps):
+            phases = {}
+            for phase in _PHASES:
+                counts.clear()
+                if phase == "forward":
+                    loss = engine(input_ids=ids, labels=ids).loss
+                elif phase == "backward":
+                    engine.backward(loss)
+                else:
+                    engine.step()
+                phases[phase] = dict(sorted(counts.items()))
+            steps.append(phases)
+    finally:
+        counting(False)
+    engine.destroy()
+    return steps
+
+
+def _count_worker(spec_path: str) -> None:
+    """One rank of ``--zero3-calls``: ``count_zero3`` for every spec, a ``TAG`` line each from rank 0."""
+    import deepspeed
+    import torch.distributed as tdist
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    for spec in json.loads(Path(spec_path).read_text()):
+        steps = count_zero3(config=spec["config"], hf_config=spec["hf_config"], seq_len=spec["seq_len"],
+                            recompute=spec["recompute"])
+        if tdist.get_rank() == 0:
+            print(TAG + json.dumps({"name": spec["name"], "steps": steps}), flush=True)
+    from dstk.launch.rank import exit_rank
+
+    exit_rank()
+
+
 def _dstk(*args: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "dstk", *args], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     if proc.returncode != 0:
         raise SystemExit(f"dstk {' '.join(args)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     return proc.stdout
+
+
+LARGER = ("--num-layers", "4", "--hidden-size", "256", "--num-heads", "4", "--num-kv-heads", "2",
+          "--ffn-hidden-size", "688", "--vocab-size", "4096")
+"""A shape whose embedding and head (1M elements) exceed the generated prefetch bucket and whose
+MLP weights (176k) exceed DeepSpeed's default persistence threshold (1e5) while its attention
+weights stay under it."""
+
+
+TIGHT = {
+    "small-bucket": {"stage3_prefetch_bucket_size": 3000, "stage3_param_persistence_threshold": 0},
+    "short-reuse": {"stage3_prefetch_bucket_size": 20000, "stage3_max_live_parameters": 60000,
+                    "stage3_max_reuse_distance": 10000, "stage3_param_persistence_threshold": 100},
+    "lookahead": {"stage3_prefetch_bucket_size": 20000, "stage3_max_reuse_distance": 0,
+                  "stage3_param_persistence_threshold": 100},
+}
+"""Settings that make modules exceed the prefetch bucket (every module, norms included, one call);
+that cap the gathered parameters and release them between forward and backward; and that release
+everything the prefetcher has not looked past (reuse distance 0, no live cap)."""
+
+
+def zero3_specs(work: Path) -> list[dict]:
+    """The ``--zero3-calls`` cases: ``{tiny, larger} x {generated, default, TIGHT} x {recompute none,
+    full}``, each with its config and HF config."""
+    specs = []
+    for shape, extra in (("tiny", ()), ("larger", LARGER)):
+        for recompute in ("none", "full"):
+            out = work / f"{shape}-{recompute}"
+            _dstk("generate", str(TINY), *extra, "--zero", "3", "--dp", "2", "--recompute", recompute,
+                  "--output", str(out))
+            plan = json.loads((out / "plan.json").read_text())
+            generated = json.loads((out / "ds_config.json").read_text())
+            generated.pop("scheduler", None)
+            generated["steps_per_print"] = 2**30
+            for buckets in ("generated", "default", *TIGHT):
+                cfg = copy.deepcopy(generated)
+                if buckets != "generated":
+                    cfg["zero_optimization"] = {"stage": 3, **TIGHT.get(buckets, {})}
+                specs.append({"name": f"{shape} {buckets} recompute={recompute}", "config": cfg,
+                              "hf_config": plan["model"]["hf_config"], "seq_len": plan["training"]["seq_len"],
+                              "recompute": recompute == "full"})
+    return specs
+
+
+def predicted_zero3(spec: dict, *, first_step: bool) -> dict:
+    """What dstk predicts for one spec's micro-batch (one per step): all-gathers in forward, backward
+    and after the step (``steptime.zero3_gathers``), reduce-scatters and all-reduces
+    (``steptime.collective_calls``)."""
+    from dstk.estimate import _model_facts
+    from dstk.estimate import steptime as st
+    from dstk.estimate.dsconfig import read_settings
+    from dstk.models import family_module
+
+    facts = _model_facts(family_module("llama").read(dict(spec["hf_config"]), name=spec["name"]))
+    buffers = read_settings(spec["config"]).buffers
+    recompute = "full" if spec["recompute"] else "none"
+    gathers = st.zero3_gathers(facts=facts, buffers=buffers, recompute=recompute, first_step=first_step)
+    params = facts.layers * sum(facts.layer_persistent) + facts.embed + facts.final + facts.lm_head
+    calls = st.collective_calls(zero_stage=3, dp=2, tp=1, pp=1, grad_accum=1, stage_layers=facts.layers,
+                                recompute=recompute, trainable_params=params,
+                                reduce_bucket_size=buffers.reduce_bucket_size, zero3=gathers)
+    return {"all_gather": [gathers.forward_calls, gathers.backward_calls, gathers.step_calls],
+            "reduce_scatter": calls.dp_buckets, "all_reduce": calls.dp_tail - gathers.step_calls}
+
+
+def measured_zero3(phases: dict) -> dict:
+    """``count_zero3``'s counts of one step in ``predicted_zero3``'s form."""
+    def ops(phase, *names):
+        return sum(phases[phase].get(name, 0) for name in names)
+    return {"all_gather": [ops(p, "all_gather_into_tensor", "all_gather") for p in _PHASES],
+            "reduce_scatter": sum(ops(p, "reduce_scatter_tensor", "reduce_scatter") for p in _PHASES),
+            "all_reduce": sum(ops(p, "all_reduce") for p in _PHASES)}
+
+
+def _zero3_calls() -> None:
+    work = Path(tempfile.mkdtemp(prefix="dstk-zero3-calls-"))
+    specs = zero3_specs(work)
+    spec_path = work / "specs.json"
+    spec_path.write_text(json.dumps(specs))
+    sys.path.insert(0, str(ROOT / "tests"))
+    from dist import run_ranks
+
+    t0 = time.perf_counter()
+    results = run_ranks(__file__, "--count-worker", str(spec_path), env={"PYTHONPATH": str(ROOT)}, timeout=900)
+    wall = time.perf_counter() - t0
+    from dstk.launch.shm import leaked_buffers, remove_leaked
+
+    remove_leaked(leaked_buffers())
+    shutil.rmtree(work, ignore_errors=True)
+    measured = {}
+    for line in results[0].output.splitlines():
+        if line.startswith(TAG):
+            r = json.loads(line[len(TAG):])
+            measured[r["name"]] = r["steps"]
+    print(f"ZeRO-3 collectives per step on 2 gloo ranks (one micro-batch per step), {wall:.0f} s wall")
+    print("AG: all-gathers in forward / backward / after optimizer.step; RS reduce-scatters; AR all-reduces")
+    print(f"{'config':<36} {'step':>4}  {'measured AG':>14} {'RS':>2} {'AR':>2}  "
+          f"{'predicted AG':>14} {'RS':>2} {'AR':>2}")
+    rows = same = 0
+    for spec in specs:
+        for i, phases in enumerate(measured[spec["name"]], start=1):
+            got, want = measured_zero3(phases), predicted_zero3(spec, first_step=i == 1)
+            rows += 1
+            same += got == want
+            ag = "/".join(map(str, got["all_gather"]))
+            pag = "/".join(map(str, want["all_gather"]))
+            print(f"{spec['name']:<36} {i:>4}  {ag:>14} {got['reduce_scatter']:>2} {got['all_reduce']:>2}  "
+                  f"{pag:>14} {want['reduce_scatter']:>2} {want['all_reduce']:>2}"
+                  f"{'' if got == want else '  <- differs'}")
+    print(f"{same} of {rows} rows predicted exactly")
 
 
 def main() -> None:
@@ -124,10 +307,20 @@ def main() -> None:
     parser.add_argument("--hardware", metavar="FILE", help="a --hardware profile for the predictions")
     parser.add_argument("--buckets", choices=("both", "generated", "default"), default="both",
                         help="which configs to run (default: both)")
+    parser.add_argument("--zero3-calls", action="store_true",
+                        help="count ZeRO-3's collectives per phase instead (tiny and larger Llama, generated and "
+                             "default configs, with and without recompute) next to collective_calls'")
     parser.add_argument("--worker", metavar="SPECS", help=argparse.SUPPRESS)
+    parser.add_argument("--count-worker", metavar="SPECS", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         _worker(args.worker, args.steps, args.repeats)
+        return
+    if args.count_worker:
+        _count_worker(args.count_worker)
+        return
+    if args.zero3_calls:
+        _zero3_calls()
         return
     work = Path(tempfile.mkdtemp(prefix="dstk-zero-cost-"))
     hw = ["--hardware", args.hardware] if args.hardware else []

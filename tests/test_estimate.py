@@ -278,8 +278,13 @@ def test_zero3_exposure_grows_with_data_parallelism():
                      training=training, cluster=cluster).time
         shares.append(1 - t.compute_seconds / t.step_seconds)
         steps.append(t.step_seconds)
-    assert shares[0] < shares[1] < shares[2] and shares[2] > 0.5
-    assert steps[2] > 0.8 * steps[1]  # communication bound: twice the GPUs, nearly the same step
+    # Over whole 8-GPU nodes a ZeRO-3 group's ring has every NIC of the node (``_bandwidth``), so at
+    # micro-batch 1 on 512 A100 an eighth of the step is exposed gathers, not most of it (FSDP's
+    # GPT-175B reached 173 TFLOP/s at batch 1 on 512 A100, Zhao et al. 2023); DeepSpeed keeps a
+    # recomputed layer (805M elements, under the 1e9 reuse distance) gathered for its backward
+    # (``steptime.zero3_gathers``).
+    assert shares[0] < shares[1] < shares[2] and shares[2] > 0.1
+    assert steps[2] > 0.55 * steps[1]  # twice the GPUs, clearly less than twice as fast
 
 
 def test_published_runs_benchmark():
@@ -304,9 +309,13 @@ def test_published_runs_benchmark():
     assert len(narayanan) == 12
     zero3 = [r for r in narayanan if r.label.startswith("ZeRO-3")]
     ptdp = [r for r in narayanan if r.label.startswith("PTD-P")]
-    assert bench.summary(zero3)[0] <= 0.10 and bench.summary(zero3)[1] <= 0.17
-    # the 2021 PTD-P runs sustained ~13% less per micro-batch than the 2022 runs of the same layouts
-    assert all(0 < r.error <= 0.10 for r in ptdp)
+    assert bench.summary(zero3)[0] <= 0.05 and bench.summary(zero3)[1] <= 0.10
+    # With the schedules the authors ran (3 and 4 virtual stages), the 2021 PTD-P runs sustained
+    # ~6.6% less per micro-batch than the 2022 runs of the same 530B layout, and paid a larger
+    # fixed cost per iteration: dstk is too fast on all of them, more so with more DP replicas.
+    assert all(0 < r.error <= 0.15 for r in ptdp)
+    by_model = {m: [r.error for r in ptdp if f" {m} " in r.label] for m in ("175B", "530B")}
+    assert all(errors == sorted(errors) for errors in by_model.values())
 
 
 # --- the phase-aware peak (memory.phase_peaks) --------------------------------------------------

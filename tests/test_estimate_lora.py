@@ -125,7 +125,8 @@ def test_reduce_bucket_is_not_capped_by_the_adapters_but_dstk_caps_its_own():
     training = Training(seq_len=2048, global_batch=8, lora=Lora(rank=1, alpha=2, targets="q"))
     buffers, why = choose_buffers(model=get_model("llama-2-7b"), layout=Layout(dp=8, zero_stage=2),
                                   training=training, cluster=h100)
-    assert buffers.reduce_bucket_size == 260_000  # 32 x (4096 + 4096) = 262,144 rounded down
+    assert buffers.reduce_bucket_size == 262_144  # 32 x (4096 + 4096), exactly: one bucket holds them all
+    assert not buffers.overlap_comm  # one bucket: nothing to overlap, no second buffer
     assert "trainable (LoRA) parameters of one GPU" in " ".join(why)
     full, _ = choose_buffers(model=get_model("llama-2-7b"), layout=Layout(dp=8, zero_stage=2),
                              training=dataclasses.replace(training, lora=None), cluster=h100)

@@ -63,6 +63,7 @@ MEGATRON_FIELDS = {  # megatron.args option -> TransformerConfig field (as Megat
     "--pipeline-model-parallel-size": "pipeline_model_parallel_size",
     "--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
     "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
+    "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout",
     "--recompute-granularity": "recompute_granularity",
     "--recompute-method": "recompute_method",
     "--recompute-num-layers": "recompute_num_layers",

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from dstk.errors import DstkError
 from dstk.intent import Constraints
-from dstk.plan import MIN_MICRO_PER_STAGE, Search, candidate_layouts, empty_search_reason, micro_batches
+from dstk.plan import MIN_MICRO_PER_STAGE, Search, candidate_layouts, empty_search_reason, micro_batches, shards_nothing
 
 constraint_kwargs = st.fixed_dictionaries(dict(
     engine=st.sampled_from(["deepspeed", "megatron"]),
@@ -138,5 +138,8 @@ def test_planner_on_random_intents_keeps_its_own_rules(intent):
     elif intent.training.precision is None:
         assert ctx.training.precision == "bf16"
     if result.plans:
-        fastest = min(p.estimate.time.step_seconds for p in result.plans)
+        pool = result.plans
+        if c.zero_stage:  # a pinned ZeRO picks among the layouts where it shards, when one fits (test_plan_dp1)
+            pool = [p for p in result.plans if not shards_nothing(p.layout)] or pool
+        fastest = min(p.estimate.time.step_seconds for p in pool)
         assert result.plans[0].estimate.time.step_seconds <= fastest * 1.03 + 1e-12

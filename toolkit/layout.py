@@ -121,6 +121,31 @@ class Layout:
         return cls(**data)
 
 
+def megatron_stage_layers(*, num_layers: int, pp: int) -> tuple[int, ...]:
+    """Decoder layers per stage that dstk writes for Megatron-LM when the layout names no uneven
+    stages: even when ``num_layers`` divides by ``pp`` (no arguments: megatron-core 0.16.1's
+    ``get_num_layers_to_build`` asserts it divides), else ``--decoder-first/last-pipeline-num-layers``
+    with the middle stages even (the only uneven split those arguments express) and the remainder
+    kept off the ends, which also hold the embedding and the output layer.
+
+    >>> megatron_stage_layers(num_layers=32, pp=4), megatron_stage_layers(num_layers=30, pp=4)
+    ((8, 8, 8, 8), (7, 8, 8, 7))
+    """
+    if pp < 1 or num_layers < pp:
+        raise ValueError(f"num_stages: cannot put {num_layers} layers on {pp} stages")
+    if num_layers % pp == 0:
+        return (num_layers // pp,) * pp
+    if pp == 2:
+        return (num_layers // 2, num_layers - num_layers // 2)
+    middle = -(-num_layers // pp)  # ceil
+    while True:
+        ends = num_layers - middle * (pp - 2)
+        if ends >= 2:
+            first = ends // 2
+            return (first,) + (middle,) * (pp - 2) + (ends - first,)
+        middle -= 1
+
+
 def stage_layer_counts(*, num_layers: int, pp: int, virtual_stages: int = 1, first: int | None = None,
                        last: int | None = None) -> tuple[int, ...]:
     """Decoder layers per pipeline stage.

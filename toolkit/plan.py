@@ -386,15 +386,34 @@ def tie_key(candidate: Candidate, usable_bytes: int | None) -> tuple:
             candidate.step_seconds)
 
 
+def shards_nothing(layout: Layout) -> bool:
+    """ZeRO over one data-parallel rank: one partition, so ZeRO shards nothing, yet DeepSpeed still
+    runs its hooks, flat-buffer copies and (ZeRO-3) gather bookkeeping, which the estimate does not
+    price. Measured (``benchmarks/zero_dp1_cost.py``, tiny Llama, 2 gloo ranks, tp=2 dp=1, two runs
+    under load): ZeRO-1/2 0-41% slower than ZeRO-0 on the same layout, ZeRO-3 34-84% slower, and
+    dp=2 ZeRO-3 ran 15-20% faster than tp=2 dp=1 ZeRO-3, which the estimate rates 25% slower. What
+    such a layout can buy is memory: CPU offload, or (bf16/fp16) no fp32 gradient copy of
+    DeepSpeed's ZeRO-0 optimizer wrapper."""
+    return layout.zero_stage > 0 and layout.dp == 1
+
+
 def pick(candidates: list[Candidate], *, tie_fraction: float = TIE_FRACTION,
-         usable_bytes: int | None = None) -> list[Candidate]:
+         usable_bytes: int | None = None, prefer_sharded: bool = False) -> list[Candidate]:
     """Order fitting candidates best first: among those within ``tie_fraction`` of the fastest,
-    the first by ``tie_key`` (not tight, simplest, most free memory); then everything else by step time."""
+    the first by ``tie_key`` (not tight, simplest, most free memory); then everything else by step time.
+
+    ``prefer_sharded`` (the user pinned ZeRO > 0): the winner comes from the layouts where ZeRO
+    shards something (``not shards_nothing``) whenever one fits; a layout over one data-parallel
+    rank wins only when nothing else fits (``why_lines`` and ``dp1_zero_line`` say so). Unpinned,
+    ZeRO-0 at the same layout is a candidate with the same predicted time and is simpler, so ZeRO
+    over one rank wins only on memory."""
     if not candidates:
         return []
     by_time = sorted(candidates, key=lambda c: (c.step_seconds, simplicity(c.layout), c.total_bytes))
-    fastest = by_time[0].step_seconds
-    tied = [c for c in by_time if c.step_seconds <= fastest * (1 + tie_fraction)]
+    pool = [c for c in by_time if not shards_nothing(c.layout)] if prefer_sharded else by_time
+    pool = pool or by_time
+    fastest = pool[0].step_seconds
+    tied = [c for c in pool if c.step_seconds <= fastest * (1 + tie_fraction)]
     winner = min(tied, key=lambda c: tie_key(c, usable_bytes))
     return [winner] + [c for c in by_time if c is not winner]
 
@@ -476,6 +495,33 @@ def tie_reason(winner: Candidate, other: Candidate, *, usable_bytes: int | None)
     return "fewer moving parts"
 
 
+def idle_zero_text(layout: Layout) -> str:
+    """Why a faster layout with ZeRO over one data-parallel rank (``shards_nothing``) was passed over."""
+    return (f"ZeRO-{layout.zero_stage} over one data-parallel rank shards nothing and still runs its hooks and "
+            f"copies, which the estimate does not price; pin --dp 1 to run it anyway, or --zero 0 for that layout")
+
+
+def dp1_zero_line(layout: Layout, *, twin_bytes: int | None, usable_bytes: int, zero_pinned: bool) -> str | None:
+    """The why line of a winner with ZeRO over one data-parallel rank: what it buys and what to drop.
+    ``twin_bytes``: per-GPU bytes of the same layout with ZeRO-0 and no offload (None: unknown)."""
+    if not shards_nothing(layout):
+        return None
+    z = layout.zero_stage
+    offload = next((d for d in (layout.offload_optimizer, layout.offload_params) if d != "none"), None)
+    line = f"ZeRO-{z} over one data-parallel rank (dp=1) shards nothing"
+    pins = "; no layout with dp > 1 fits the pins" if zero_pinned else ""
+    twin = (f"ZeRO-0 at the same layout needs {gib(twin_bytes)} of {gib(usable_bytes)} usable"
+            if twin_bytes is not None else None)
+    if offload:
+        return f"{line}: its value here is the {offload} offload{pins}"
+    if twin is not None and twin_bytes > usable_bytes:
+        return f"{line}: it is kept for memory ({twin}){pins}"
+    line += " and still runs its hooks and copies, which the estimate does not price"
+    if twin is None:
+        return line + pins
+    return f"{line}{pins}: drop --zero {z} ({twin})" if zero_pinned else f"{line}; it wins on headroom only ({twin})"
+
+
 def _time(est) -> Any:
     return est.time
 
@@ -487,6 +533,8 @@ def loss_reason(alt: Candidate, winner: Candidate, *, usable_bytes: int | None =
     t = _time(alt.estimate)
     ratio = alt.step_seconds / winner.step_seconds if winner.step_seconds else float("inf")
     head = f"{kind(alt.layout)} ({describe(alt.layout)}): {alt.step_seconds:.3g} s/step, {ratio:.2f}x the winner"
+    if ratio * (1 + TIE_FRACTION) < 1 and shards_nothing(alt.layout) and not shards_nothing(winner.layout):
+        return f"{head}; {idle_zero_text(alt.layout)}"  # passed over by ``pick(prefer_sharded=True)``
     if ratio <= 1:  # as fast or faster, but inside the tie band: the playbook's order decided
         reason = tie_reason(winner, alt, usable_bytes=usable_bytes)
         return f"{head}; within {TIE_FRACTION:.0%}, and {reason} wins the tie"
@@ -519,15 +567,20 @@ def loss_reason(alt: Candidate, winner: Candidate, *, usable_bytes: int | None =
 
 
 def why_lines(ordered: list[Candidate], *, usable_bytes: int, capacity_bytes: int, num_fitting: int,
-              tie_fraction: float = TIE_FRACTION, by_kind_missing: dict[str, Rejection] | None = None) -> list[str]:
+              tie_fraction: float = TIE_FRACTION, by_kind_missing: dict[str, Rejection] | None = None,
+              prefer_sharded: bool = False) -> list[str]:
     """Why the winner wins and why the best of each other kind loses. Percentages go through
-    ``dstk.tables.percent_text``: a small MFU reads 0.48%, never 0%."""
+    ``dstk.tables.percent_text``: a small MFU reads 0.48%, never 0%. ``prefer_sharded``: as
+    ``pick``'s; a faster layout over one data-parallel rank that it passed over gets its own line."""
     from dstk.tables import percent_text
 
     winner = ordered[0]
     t = _time(winner.estimate)
     # The fastest layout the playbook passed over, if any was at least as fast as the winner.
     faster = [c for c in ordered[1:] if c.step_seconds <= winner.step_seconds]
+    idle = ([c for c in faster if shards_nothing(c.layout)]
+            if prefer_sharded and not shards_nothing(winner.layout) else [])
+    faster = [c for c in faster if not any(c is i for i in idle)]
     fastest = min(faster, key=lambda c: c.step_seconds) if faster else winner
     lines = []
     mfu = getattr(t, "mfu", None)
@@ -539,8 +592,9 @@ def why_lines(ordered: list[Candidate], *, usable_bytes: int, capacity_bytes: in
         figures += f", MFU {percent_text(mfu)}"
     lead = ("fastest" if fastest is winner or fastest.step_seconds == winner.step_seconds
             else f"the playbook's pick within {tie_fraction:.0%} of the fastest")
+    scope = f" (of those where ZeRO-{winner.layout.zero_stage} shards: dp > 1)" if idle else ""
     lines.append(
-        f"{describe(winner.layout)}: {lead} of {num_fitting} layouts that fit: {figures}; "
+        f"{describe(winner.layout)}: {lead} of {num_fitting} layouts that fit{scope}: {figures}; "
         f"{gib(winner.total_bytes)} of {gib(usable_bytes)} usable per GPU ({gib(capacity_bytes)} total)"
     )
     if fastest is not winner:
@@ -550,12 +604,19 @@ def why_lines(ordered: list[Candidate], *, usable_bytes: int, capacity_bytes: in
             f"chosen over {describe(fastest.layout)} ({speed}, within {tie_fraction:.0%}): "
             f"{tie_reason(winner, fastest, usable_bytes=usable_bytes)}"
         )
+    if idle:
+        best_idle = min(idle, key=lambda c: c.step_seconds)
+        gain = winner.step_seconds / best_idle.step_seconds - 1
+        speed = "as fast" if gain < 5e-4 else f"predicted {percent_text(gain)} faster"
+        lines.append(f"chosen over {describe(best_idle.layout)} ({speed}): {idle_zero_text(best_idle.layout)}")
     seen = {kind(winner.layout)}
     for alt in ordered[1:]:
         k = kind(alt.layout)
         if k in seen:
             continue
         seen.add(k)
+        if any(alt is i for i in idle):
+            continue  # the "chosen over" line above says why
         lines.append(loss_reason(alt, winner, usable_bytes=usable_bytes))
     for k, miss in (by_kind_missing or {}).items():
         if k in seen:
@@ -628,11 +689,17 @@ def plan(*, search: Search, estimate: Callable[[Layout], Any], top: int | None =
                     )
                 break  # the host RAM offload needs does not shrink with a larger micro-batch
             fitting.append(Candidate(layout=layout, estimate=est))
-    ordered = pick(fitting, usable_bytes=usable)
+    zero_pinned = bool(search.constraints.zero_stage)  # the user asked for ZeRO: prefer where it shards
+    ordered = pick(fitting, usable_bytes=usable, prefer_sharded=zero_pinned)
     plans = []
     if ordered:
         why = why_lines(ordered, usable_bytes=usable, capacity_bytes=search.capacity_bytes,
-                        num_fitting=len(fitting), by_kind_missing=closest)
+                        num_fitting=len(fitting), by_kind_missing=closest, prefer_sharded=zero_pinned)
+        best = ordered[0].layout
+        if shards_nothing(best):  # say what ZeRO over one rank buys, against ZeRO-0 at the same layout
+            twin = dataclasses.replace(best, zero_stage=0, offload_optimizer="none", offload_params="none")
+            why.append(dp1_zero_line(best, twin_bytes=estimate(twin).memory.per_gpu.total_bytes, usable_bytes=usable,
+                                     zero_pinned=zero_pinned))
         extra = host_line(search, ordered[0].estimate)
         why += ([extra] if extra else []) + list(notes)
         host = {"host_memory_bytes": search.host_memory_bytes}

@@ -257,23 +257,41 @@ def stage_layers(num_layers: int, num_stages: int) -> tuple[int, ...]:
     >>> stage_layers(32, 4), stage_layers(30, 4), stage_layers(5, 2)
     ((8, 8, 8, 8), (7, 8, 8, 7), (2, 3))
     """
-    if num_stages < 1 or num_layers < num_stages:
-        raise ValueError(f"num_stages: cannot put {num_layers} layers on {num_stages} stages")
-    if num_layers % num_stages == 0:
-        return (num_layers // num_stages,) * num_stages
-    if num_stages == 2:
-        return (num_layers // 2, num_layers - num_layers // 2)
-    middle = -(-num_layers // num_stages)  # ceil
-    while True:
-        ends = num_layers - middle * (num_stages - 2)
-        if ends >= 2:
-            first = ends // 2
-            return (first,) + (middle,) * (num_stages - 2) + (ends - first,)
-        middle -= 1
+    from dstk.layout import megatron_stage_layers
+
+    return megatron_stage_layers(num_layers=num_layers, pp=num_stages)
 
 
-def megatron_args(*, layout: Layout, training: TrainingIntent, model: ModelDims) -> list[str]:
-    """Megatron-LM ``pretrain_gpt.py`` arguments for the same layout, one option per item."""
+def pipeline_layout_text(split) -> str:
+    """megatron-core's ``pipeline_model_parallel_layout`` for decoder layers ``split`` per stage
+    (``PipelineParallelLayerLayout.parse_str_to_list``: ``E`` embedding, ``t`` one decoder layer,
+    ``L`` loss and output layer, ``|`` between stages). Written out without ``*``, so that
+    ``$(cat megatron.args)`` leaves nothing for the shell to glob.
+
+    >>> pipeline_layout_text((2, 3, 1))
+    'Ett|ttt|tL'
+    """
+    return "E" + "|".join("t" * n for n in split) + "L"
+
+
+def _plan_split(plan: dict, layout: Layout) -> tuple[int, ...] | None:
+    """Decoder layers per stage that the plan's estimate priced (``memory.per_stage[].num_layers``)."""
+    stages = (plan.get("memory") or {}).get("per_stage")
+    if not isinstance(stages, list) or len(stages) != layout.pp or layout.pp == 1:
+        return None
+    counts = [s.get("num_layers") if isinstance(s, dict) else None for s in stages]
+    return tuple(counts) if all(isinstance(n, int) for n in counts) else None
+
+
+def megatron_args(*, layout: Layout, training: TrainingIntent, model: ModelDims,
+                  split: tuple[int, ...] | None = None) -> list[str]:
+    """Megatron-LM ``pretrain_gpt.py`` arguments for the same layout, one option per item.
+
+    ``split``: decoder layers per stage that the plan priced (a DeepSpeed-engine plan prices the
+    cut of DeepSpeed's pipeline module, ``dstk.pipeline.partition.decoder_layers_per_stage``); it
+    is written as it is: nothing when even, ``--decoder-first/last-pipeline-num-layers`` when the
+    middle stages are even, else ``--pipeline-model-parallel-layout``. None: the layout's own
+    first/last stages, or ``stage_layers``."""
     args: list[str] = []
 
     def opt(name: str, value=None) -> None:
@@ -288,10 +306,16 @@ def megatron_args(*, layout: Layout, training: TrainingIntent, model: ModelDims)
         if layout.last_stage_layers is not None:
             opt("--decoder-last-pipeline-num-layers", layout.last_stage_layers)
     elif layout.pp > 1:
-        layers = stage_layers(model.num_layers, layout.pp)
-        if len(set(layers)) > 1:
+        layers = tuple(split) if split is not None else stage_layers(model.num_layers, layout.pp)
+        if len(layers) != layout.pp or sum(layers) != model.num_layers or min(layers) < 1:
+            raise ValueError(f"split: {list(layers)} does not put {model.num_layers} layers on {layout.pp} stages")
+        if len(set(layers)) > 1 and layout.virtual_stages > 1:
+            raise ValueError(f"split: {list(layers)} is uneven; interleaving needs the layout's first/last stages")
+        if len(set(layers)) > 1 and len(set(layers[1:-1])) <= 1:
             opt("--decoder-first-pipeline-num-layers", layers[0])
             opt("--decoder-last-pipeline-num-layers", layers[-1])
+        elif len(set(layers)) > 1:  # middle stages that differ: only a layout string says it
+            opt("--pipeline-model-parallel-layout", pipeline_layout_text(layers))
     if layout.virtual_stages > 1 and layout.uneven_stages:
         # Megatron-LM's arguments.py refuses --num-layers-per-virtual-pipeline-stage with uneven stages.
         opt("--num-virtual-stages-per-pipeline-rank", layout.virtual_stages)
@@ -375,9 +399,15 @@ def run_readme(*, plan: dict, world_size: int, num_nodes: int, gpus_per_node: in
     if layout["recompute"] != "none" and layout["pp"] == 1:
         notes.append("- Recompute is on: call `model.gradient_checkpointing_enable()` (HF) before training.")
     if layout["pp"] > 1:
+        stages = (plan.get("memory") or {}).get("per_stage") or []
+        split = [s.get("num_layers") for s in stages if isinstance(s, dict)]
+        seq = (plan.get("training") or {}).get("seq_len")
+        said = f" (the plan prices decoder layers {split} per stage)" if len(split) == layout["pp"] else ""
         notes.append(
-            f"- Pipeline: build a `deepspeed.pipe.PipelineModule` with `num_stages={layout['pp']}` "
-            "(`dstk.models.to_pipeline` does this for HF models) and call `engine.train_batch()`."
+            f"- Pipeline{said}: build a `deepspeed.pipe.PipelineModule` with `num_stages={layout['pp']}` "
+            f"(`dstk.models.to_pipeline(model, num_stages={layout['pp']}"
+            + (f", seq_len={seq}" if seq else "") + ")` makes that cut for HF models) and call "
+            "`engine.train_batch()`; `megatron.args` writes the same split for Megatron-LM."
         )
     if cpu:
         notes.append("- CPU ranks: DeepSpeed uses its CPU accelerator; use the gloo backend and bf16/fp32.")
@@ -583,8 +613,12 @@ def _write_in_place(out: Path, shown: Path, files: dict[str, str]) -> list[Path]
     return written
 
 
-def write_files(directory: str | os.PathLike, files: dict[str, str], *, force: bool) -> list[Path]:
+def write_files(directory: str | os.PathLike, files: dict[str, str], *, force: bool, fill=None) -> list[Path]:
     """Write ``{name: text}`` as the directory ``directory``, complete or not at all.
+
+    ``fill(tmp)``, when given, writes more into the temporary directory after ``files`` (``dstk
+    export``: transformers' ``save_pretrained``, binary safetensors); what it wrote is fsynced
+    (``_fsync_tree``) and counts as dstk's own (``--force`` replaces it). It cannot write ``-o .``.
 
     The files go into a temporary sibling ``.NAME.dstk-tmp-XXXXXXXX`` (each fsynced), which is then
     renamed into place (rename(2) is atomic). Over an existing directory (``force``, or an empty
@@ -614,6 +648,9 @@ def write_files(directory: str | os.PathLike, files: dict[str, str], *, force: b
         )
     here = os.path.realpath(os.getcwd())
     if out.is_dir() and (here == str(out) or here.startswith(str(out) + os.sep)):
+        if fill is not None:
+            raise UsageError(f"--output {shown}: the directory dstk runs in cannot be replaced whole",
+                             hint="give a new directory, e.g. --output hf-model")
         return _write_in_place(out, shown, files)
     parent = out.parent
     try:
@@ -629,10 +666,14 @@ def write_files(directory: str | os.PathLike, files: dict[str, str], *, force: b
         old_mode = os.stat(out).st_mode & 0o7777 if out.is_dir() else None
         for name, text in files.items():
             _write_file(tmp, name, text)
+        if fill is not None:
+            fill(tmp)
+            _fsync_tree(tmp)
+        extra = sorted(set(os.listdir(tmp)) - set(files))
         if old_mode is not None:
             with os.scandir(out) as entries:
                 for entry in entries:
-                    if entry.name not in files and not _leftover_of(entry.name, files):
+                    if entry.name not in files and entry.name not in extra and not _leftover_of(entry.name, files):
                         _link_tree(entry.path, str(tmp / entry.name))
         os.chmod(tmp, old_mode if old_mode is not None else 0o777 & ~_umask())  # last: 0555 would stop the writes
         _fsync_dir(tmp)
@@ -663,7 +704,19 @@ def write_files(directory: str | os.PathLike, files: dict[str, str], *, force: b
         _fsync_dir(parent)  # the rename itself, durable across a power cut
     except OSError:
         pass
-    return [shown / name for name in files]
+    return [shown / name for name in [*files, *extra]]
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and directory below ``root`` (what ``write_files``' ``fill`` wrote)."""
+    for folder, _dirs, names in os.walk(root):
+        for name in names:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(folder))
 
 
 def run_files(
@@ -685,7 +738,8 @@ def run_files(
         "plan.json": _dumps(plan),
         "ds_config.json": _dumps(ds),
         "ds_config.hf.json": _dumps(hf),
-        "megatron.args": "\n".join(megatron_args(layout=layout, training=training, model=model)) + "\n",
+        "megatron.args": "\n".join(megatron_args(layout=layout, training=training, model=model,
+                                                 split=_plan_split(plan, layout))) + "\n",
         "accelerate_config.yaml": accelerate_config_yaml(layout=layout, num_nodes=num_nodes, training=training),
         "training_args.json": _dumps(training_arguments(layout=layout, training=training)),
         "README.md": run_readme(

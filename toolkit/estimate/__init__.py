@@ -217,22 +217,56 @@ def _checkpointed_mask(f: _Facts, attention: str, recompute: str) -> bool:
     return recompute == "full" and attention == "eager" and f.shape is not None and not f.shape.rmsnorm
 
 
-def stage_layers(num_layers: int, pp: int, *, layout: Layout | None = None) -> list[int]:
-    """Layers per stage: the layout's uneven first/last stages where it has them (Megatron's
-    ``--decoder-first/last-pipeline-num-layers``, ``dstk.layout.stage_layer_counts``), else an even
-    split, the remainder on the first stages (the embedding is small next to a layer for most
-    models; DeepSpeed's ``partition_method="parameters"`` differs by at most one layer)."""
+def stage_layers(num_layers: int, pp: int, *, layout: Layout | None = None, facts: _Facts | None = None,
+                 seq_len: int | None = None, engine: str = "deepspeed") -> list[int]:
+    """Decoder layers per stage, as the engine places them (what ``generate`` renders):
+
+    - the layout's uneven first/last stages where it has them (Megatron's
+      ``--decoder-first/last-pipeline-num-layers``, ``dstk.layout.stage_layer_counts``);
+    - Megatron otherwise: ``dstk.layout.megatron_stage_layers`` (even, or the first/last arguments
+      ``megatron.args`` then carries);
+    - DeepSpeed with the model's ``facts`` and ``seq_len``: the cut ``dstk.models.to_pipeline`` gives
+      its ``PipelineModule`` (``partition="balanced"``, ``dstk.pipeline.partition``), which weighs
+      the output layer's FLOPs and logits and the embedding's bytes like layers, so the last (and
+      first) stage hold fewer decoder layers when the vocabulary is large;
+    - else (a bare parameter count) an even split, the remainder on the first stages
+      (``to_pipeline``'s ``partition="uniform"``).
+    """
     if layout is not None and layout.uneven_stages:
         return list(layout.stage_layers(num_layers))
+    if pp == 1:
+        return [num_layers]
+    if engine == "megatron" and num_layers >= pp:
+        from dstk.layout import megatron_stage_layers
+
+        return list(megatron_stage_layers(num_layers=num_layers, pp=pp))
+    if facts is not None and facts.shape is not None and seq_len is not None and num_layers >= pp:
+        from dstk.pipeline.partition import decoder_layers_per_stage
+
+        return list(decoder_layers_per_stage(
+            num_layers=num_layers, layer_params=facts.layer_sharded + facts.layer_replicated,
+            embed_params=facts.embed, final_params=facts.final, head_params=0 if facts.tied else facts.lm_head,
+            tied_head=facts.tied, hidden_size=facts.hidden, num_heads=facts.shape.heads, vocab_size=facts.vocab,
+            seq_len=seq_len, num_stages=pp))
     base, extra = divmod(num_layers, pp)
     return [base + (1 if i < extra else 0) for i in range(pp)]
 
 
-def _bandwidth(*, group: int, stride: int, cluster) -> tuple[float, float]:
+def _bandwidth(*, group: int, stride: int, cluster, share_nics: bool = True) -> tuple[float, float]:
     """(bytes/s per GPU, latency) of a collective over ``group`` ranks spaced ``stride`` apart
     (ranks are numbered TP fastest, then DP, then PP, as Megatron and DeepSpeed's topology do):
-    inside one node it runs on the intra-node link; across nodes each GPU gets its share of the
-    node's NICs."""
+    inside one node it runs on the intra-node link; across nodes the group's ring gets the NICs of
+    its members in each node: ``r = min(group, gpus_per_node / stride)`` members share the node
+    with ``gpus_per_node / r`` concurrent groups, so each rank's bus bandwidth is the node's NIC
+    bandwidth x efficiency x ``r / gpus_per_node`` (NCCL runs one ring channel per NIC: a 16-GPU
+    ring over two HGX A100 reaches the whole node's 4 x HDR, 91 GB/s, NVIDIA/nccl-tests#100).
+    A group with one member per node (DP over TP 8, pipeline sends) gets one GPU's share.
+
+    Checked against published multi-node ZeRO-3/FSDP runs that one GPU's share could not have
+    reached: PyTorch FSDP's GPT-175B on 512 A100 at batch 1 (Zhao et al. 2023, 173 TFLOP/s; needs
+    ~62 GB/s per GPU, the share would give 31) and ZeRO++'s ZeRO-3 baseline on one 100 Gb/s link
+    per 16 V100 (Wang et al. 2023). ``share_nics=False`` gives every rank one GPU's share whatever
+    the group: DeepSpeed before 0.6 (``dstk.estimate.steptime.DEEPSPEED_2021``)."""
     gpu = cluster.gpu
     intra = gpu.intra_node_bytes_per_s * gpu.intra_node_efficiency
     if group * stride <= cluster.gpus_per_node or cluster.num_nodes == 1:
@@ -242,7 +276,9 @@ def _bandwidth(*, group: int, stride: int, cluster) -> tuple[float, float]:
         from dstk.hardware import get_interconnect
 
         net = get_interconnect("ib-ndr")
-    per_gpu = net.node_bytes_per_s * net.efficiency / min(cluster.gpus_per_node, cluster.world_size)
+    per_node = min(cluster.gpus_per_node, cluster.world_size)
+    members = min(group, per_node // stride) if share_nics and stride < per_node else 1
+    per_gpu = net.node_bytes_per_s * net.efficiency * members / per_node
     return min(intra, per_gpu), net.latency_s
 
 
@@ -268,10 +304,13 @@ def stage_params(f: _Facts, *, layers: int, first: bool, last: bool, tp: int, pp
     return params
 
 
-def rank_params(model, layout: Layout, *, stage: int = 0, tp_style: str = "autotp") -> float:
-    """``stage_params`` for a model and a layout: what one GPU of ``stage`` holds before ZeRO."""
+def rank_params(model, layout: Layout, *, stage: int = 0, tp_style: str = "autotp",
+                seq_len: int | None = None) -> float:
+    """``stage_params`` for a model and a layout: what one GPU of ``stage`` holds before ZeRO
+    (``seq_len``: the one ``to_pipeline`` cuts the stages for, see ``stage_layers``)."""
     f = _model_facts(model)
-    counts = stage_layers(f.layers, layout.pp, layout=layout)
+    counts = stage_layers(f.layers, layout.pp, layout=layout, facts=f, seq_len=seq_len,
+                          engine="megatron" if tp_style == "megatron" else "deepspeed")
     return stage_params(f, layers=counts[stage], first=stage == 0, last=stage == layout.pp - 1, tp=layout.tp,
                         pp=layout.pp, tp_style=tp_style)
 
@@ -357,7 +396,7 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
     cpu_total = nvme_total = 0.0
     slowest_flops = 0.0
     fwd_layer_flops = 2.0 * f.layer_matmul_active + 4.0 * training.seq_len * f.attention_width
-    counts = stage_layers(f.layers, pp, layout=layout)
+    counts = stage_layers(f.layers, pp, layout=layout, facts=f, seq_len=training.seq_len, engine=engine)
     for i, n in enumerate(counts):
         first, last = i == 0, i == pp - 1
         params = stage_params(f, layers=n, first=first, last=last, tp=tp, pp=pp, tp_style=tp_style)

@@ -36,7 +36,7 @@ def _round_down(elements: float) -> int:
 
 
 def latency_bandwidth_elements(*, ranks: int, latency_s: float, bytes_per_s: float, element_bytes: int,
-                               fraction: float = TARGET_BANDWIDTH_FRACTION) -> float:
+                               call_latency_s: float = 0.0, fraction: float = TARGET_BANDWIDTH_FRACTION) -> float:
     """Smallest bucket (elements) whose ring collective over ``ranks`` reaches ``fraction`` of the
     link's bandwidth.
 
@@ -46,9 +46,17 @@ def latency_bandwidth_elements(*, ranks: int, latency_s: float, bytes_per_s: flo
     bandwidth term is a fraction ``f`` of the step when ``S >= f/(1-f) * n * alpha * beta``: nine
     latency-bandwidth products per rank for 90%. A reduce-scatter or all-gather (ZeRO-2/3) has half
     the steps and half the bytes, so the same size. With one rank nothing is reduced; the rule is
-    taken at two ranks."""
+    taken at two ranks.
+
+    ``call_latency_s`` is the fixed cost of one collective call whatever its size
+    (``dstk.estimate.steptime.collective_latency``: 10-25 us for NCCL, ~1 ms for gloo on CPU ranks).
+    The step-time model charges a call ``max(2(n-1) alpha, L)`` of latency
+    (``steptime.latency_extra_seconds``), so the same rule holds with ``alpha`` raised to
+    ``L / (2(n-1))`` where the call costs more than its ring steps: on 2 gloo ranks (1 ms a call,
+    1 GB/s) that is 4.5e6 bf16 elements instead of the 4.5e4 the 5 us step alone gives."""
     n = max(2, ranks)
-    return fraction / (1.0 - fraction) * n * latency_s * bytes_per_s / element_bytes
+    alpha = max(latency_s, call_latency_s / (2 * (n - 1)))
+    return fraction / (1.0 - fraction) * n * alpha * bytes_per_s / element_bytes
 
 
 def choose_buffers(*, model, layout, training, cluster) -> tuple[mem.ZeroBuffers, tuple[str, ...]]:
@@ -56,16 +64,26 @@ def choose_buffers(*, model, layout, training, cluster) -> tuple[mem.ZeroBuffers
 
     - ``reduce_bucket_size`` (and ``allgather_bucket_size``, the same): the latency-bandwidth
       floor of ``latency_bandwidth_elements`` over the data-parallel group (the link and latency
-      of ``dstk.estimate._bandwidth``: NVLink inside a node, the NIC share across nodes), then
-      capped by the parameters one GPU holds (a bucket larger than all the gradients it collects
-      is memory for nothing: DeepSpeed does not cap it) and by ``MEMORY_FRACTION`` of the GPU.
-      DeepSpeed passes a gradient larger than the bucket around it (``extra_large_param_to_reduce``),
-      so a small bucket never breaks a large tensor.
+      of ``dstk.estimate._bandwidth``: NVLink inside a node, the NIC share across nodes; the
+      per-call cost of ``steptime.collective_latency``, which the step time charges every call),
+      then capped by the gradients one GPU holds, exactly (a bucket larger than all the gradients
+      it collects is memory for nothing: DeepSpeed does not cap it; one two-digit step smaller
+      would leave a second call) and by ``MEMORY_FRACTION`` of the GPU. DeepSpeed passes a
+      gradient larger than the bucket around it (``extra_large_param_to_reduce``), so a small
+      bucket never breaks a large tensor. On 2 gloo ranks (1 ms a call) the tiny Llama gets one
+      bucket: ZeRO-1/2 issue 3 all-reduces a step instead of 6, ZeRO-3 1 reduce-scatter instead
+      of 4 (``benchmarks/zero_cpu_cost.py``); the GPU presets' buckets do not change (NCCL's
+      10-25 us a call is below the ring's ``2(n-1)`` steps of 5 us).
     - ``overlap_comm`` on for ZeRO-2/3 (reduction overlaps backward; the estimator's time model
-      assumes it), off for ZeRO-0/1 (DeepSpeed's default); ``contiguous_gradients`` on.
+      assumes it), off for ZeRO-0/1 (DeepSpeed's default), and off for ZeRO-2 when one bucket holds
+      every gradient: its one reduction starts when backward ends, and ``setup_buckets`` would
+      allocate the second buffer for nothing; ``contiguous_gradients`` on.
     - ZeRO-3: ``stage3_prefetch_bucket_size`` the largest weight of a layer (``/ tp``: the next
       module gathers while the current one computes), at least the latency-bandwidth floor of an
-      all-gather, capped like the reduce bucket;
+      all-gather over the ring's steps alone (the call latency would make it, and the working set
+      below, the whole model on CPU ranks: measured 15 -> 6 all-gathers a step, but the memory
+      estimate's gathered-parameter term then over-counts, +6% on the 20M LoRA peak), capped like
+      the reduce bucket;
       ``stage3_param_persistence_threshold`` ``10 x hidden`` (transformers' "auto" rule,
       ``integrations/deepspeed.py``): norm weights and biases stay whole, the matrices are sharded;
       ``stage3_max_live_parameters`` the working set ZeRO-3 needs, the largest module or a weight
@@ -75,37 +93,47 @@ def choose_buffers(*, model, layout, training, cluster) -> tuple[mem.ZeroBuffers
       ``__params_to_release``), so with 1e9 a model under 1e9 parameters is never released.
     """
     from dstk.estimate import _bandwidth, _model_facts, rank_params
+    from dstk.estimate.steptime import collective_latency
 
     f = _model_facts(model)
     w = mem.param_bytes(training.precision)
     gpu = cluster.gpu
     params = max(rank_params(model, layout, stage=i) for i in range(layout.pp))
     bandwidth, latency = _bandwidth(group=layout.dp, stride=layout.tp, cluster=cluster)
-    floor = latency_bandwidth_elements(ranks=layout.dp, latency_s=latency, bytes_per_s=bandwidth, element_bytes=w)
+    call = collective_latency(group=layout.dp, stride=layout.tp, cluster=cluster)
+    floor = latency_bandwidth_elements(ranks=layout.dp, latency_s=latency, bytes_per_s=bandwidth, element_bytes=w,
+                                       call_latency_s=call)
+    gather_floor = latency_bandwidth_elements(ranks=layout.dp, latency_s=latency, bytes_per_s=bandwidth,
+                                              element_bytes=w)
     memory_cap = MEMORY_FRACTION * gpu.memory_bytes / w
-    overlap = layout.zero_stage >= 2
-    gather_cap = _round_down(min(params, memory_cap))
+    gather_cap = _model_cap(params, memory_cap=memory_cap)
     grads, what = params, "parameters"
     if training.lora is not None:  # LoRA: only the adapters' gradients fill the bucket (dstk.estimate.lora)
         from dstk.estimate.lora import lora_facts
 
         grads, what = lora_facts(model=model, lora=training.lora).trainable, "trainable (LoRA) parameters"
-    cap = _round_down(min(grads, memory_cap))
+    cap = _model_cap(grads, memory_cap=memory_cap)
     bucket = min(_round_up(floor), cap)
+    # One bucket holds every gradient: its one reduction starts when backward ends, so there is
+    # nothing to overlap, and ZeRO-1/2 would allocate the second buffer for nothing.
+    overlap = layout.zero_stage == 3 or (layout.zero_stage == 2 and bucket < grads)
     defaults = mem.ZeroBuffers()
     why = []
     if layout.zero_stage == 0:
         return defaults, ()
     # ZeRO-1/2 double the bucket with overlap_comm (``setup_buckets``); ZeRO-3 keeps one (``stage3.py``).
     copies = 2 if overlap and layout.zero_stage < 3 else 1
+    link = f"{bandwidth / 1e9:.0f} GB/s and {latency * 1e6:.0f} us"
+    if call > 2 * (max(2, layout.dp) - 1) * latency:  # the call's fixed cost, not the ring's steps, sets the floor
+        link = f"{bandwidth / 1e9:.0f} GB/s and {_seconds_text(call)} a call"
     if floor <= min(grads, memory_cap):
-        reason = (f"a ring over {layout.dp} GPUs at {bandwidth / 1e9:.0f} GB/s and {latency * 1e6:.0f} us reaches "
+        reason = (f"a ring over {layout.dp} GPUs at {link} reaches "
                   f"{TARGET_BANDWIDTH_FRACTION:.0%} of the bandwidth from {elements_text(floor)} elements")
     else:
         bound = (f"all {elements_text(grads)} {what} of one GPU" if grads <= memory_cap
                  else f"{MEMORY_FRACTION:.0%} of the GPU's {_mib(gpu.memory_bytes)}")
-        reason = (f"capped by {bound} (a ring over {layout.dp} GPUs would reach {TARGET_BANDWIDTH_FRACTION:.0%} "
-                  f"of the bandwidth from {elements_text(floor)})")
+        reason = (f"capped by {bound} (a ring over {layout.dp} GPUs at {link} would reach "
+                  f"{TARGET_BANDWIDTH_FRACTION:.0%} of the bandwidth from {elements_text(floor)})")
     why.append(
         f"reduce_bucket_size {elements_text(bucket)} elements ({copies} x {elements_text(bucket)} x {w} B = "
         f"{_mib(copies * bucket * w)}"
@@ -116,7 +144,7 @@ def choose_buffers(*, model, layout, training, cluster) -> tuple[mem.ZeroBuffers
                                contiguous_gradients=True), tuple(why)
     layer_weight = (max(f.layer_persistent) if f.layer_persistent else f.layer_sharded) / layout.tp
     largest = max(f.largest_tensor / layout.tp, layer_weight)
-    prefetch = min(_round_up(max(layer_weight, floor)), gather_cap)
+    prefetch = min(_round_up(max(layer_weight, gather_floor)), gather_cap)
     hidden = getattr(model, "hidden_size", None)
     persistence = PERSISTENCE_HIDDEN_MULTIPLE * hidden if hidden else int(defaults.param_persistence_threshold)
     live = _round_up(min(max(largest, layer_weight + prefetch), params))
@@ -131,6 +159,17 @@ def choose_buffers(*, model, layout, training, cluster) -> tuple[mem.ZeroBuffers
                            contiguous_gradients=True, prefetch_bucket_size=prefetch,
                            param_persistence_threshold=persistence, max_live_parameters=live,
                            max_reuse_distance=live), tuple(why)
+
+
+def _model_cap(elements: float, *, memory_cap: float) -> int:
+    """The largest useful bucket: every element the model gives it, exactly (even, for ZeRO-1/2's
+    alignment assert), so that one bucket holds them all (rounded to two digits it would leave a
+    second call for the last few percent, a full call's latency on gloo); or ``MEMORY_FRACTION``
+    of the GPU, rounded down, when that is smaller."""
+    if elements > memory_cap:
+        return _round_down(memory_cap)
+    count = max(2, int(math.ceil(elements)))
+    return count + count % 2
 
 
 def _round_up(elements: float) -> int:
@@ -156,3 +195,8 @@ def _mib(nbytes: float) -> str:
     if nbytes >= 2**20:
         return f"{nbytes / 2**20:.1f} MiB"
     return f"{nbytes / 2**10:.0f} KiB"
+
+
+def _seconds_text(seconds: float) -> str:
+    """``1e-3`` -> ``1 ms``, ``2.5e-5`` -> ``25 us``."""
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} us"

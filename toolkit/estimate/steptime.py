@@ -37,7 +37,9 @@ step around it:
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import functools
 
 from dstk.estimate import memory as mem
 from dstk.estimate import timing as tm
@@ -194,6 +196,29 @@ of 2021-04-11 has no asynchronous TP communication): every TP collective on the 
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class ZeroKernels:
+    """How DeepSpeed's data-parallel collectives use the network (the ``deepspeed`` engine)."""
+
+    share_nics: bool = True
+    """A DP group with several members in a node spreads its ring over their NICs
+    (``dstk.estimate._bandwidth``). Since DeepSpeed 0.6 ZeRO-3 gathers and reduce-scatters batched,
+    coalesced buckets with fine-grained stream waits (PR #1453, 4912e0ad7, 2022-01-20), and the
+    per-gather ``torch.cuda.synchronize()`` is gone (PR #1188, c0eeb69df, v0.5.5)."""
+    replay_gathers: bool = True
+    """ZeRO-3's gathers as DeepSpeed 0.19.8's coordinator issues them (``zero3_gathers``); False:
+    each module once forward and once backward (twice under full recompute)."""
+
+
+DEEPSPEED_2021 = ZeroKernels(share_nics=False, replay_gathers=False)
+"""DeepSpeed as Narayanan et al. 2021 ran ZeRO-3 (v0.3.13-v0.4, spring 2021): one blocking
+``all_gather`` per parameter, each preceded and followed by ``torch.cuda.synchronize()``
+(``_allgather_param``, ``_synchronize_communication``), and per-parameter reduce-scatters. Its
+runs moved 12-18 GB/s per GPU over 8 x HDR (Table 2 at micro-batch 1), one GPU's share of the
+node's NICs or less: that share is what this preset prices, one figure for the release line, not
+fitted per row."""
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
 class LayerPass:
     """One transformer layer, one micro-batch, one GPU, as the step prices it (seconds)."""
 
@@ -309,7 +334,8 @@ class CollectiveCalls:
     beside backward on a GPU."""
     dp_tail: int = 0
     """Calls after backward, always exposed: ZeRO-1/2's overflow check and gradient-norm all-reduces
-    and the all-gather of the updated partitions, ZeRO-3's gradient norm."""
+    and the all-gather of the updated partitions, ZeRO-3's gradient norm and the all-gathers of its
+    persistent tensors."""
     zero3_gathers: int = 0
     """ZeRO-3 parameter all-gathers."""
     tp: int = 0
@@ -326,10 +352,261 @@ def _ceil_div(a: float, b: float) -> int:
     return max(1, -int(-a // b)) if a > 0 else 0
 
 
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class Zero3Gathers:
+    """ZeRO-3's parameter all-gathers of one micro-batch on one rank, as DeepSpeed 0.19.8 issues
+    them (``zero3_gathers``)."""
+
+    forward_calls: int
+    backward_calls: int
+    """Calls during ``engine.backward``, the recompute forward of each layer included."""
+    forward_elements: float
+    backward_elements: float
+    """Elements gathered (whole parameters; a rank receives ``(n - 1)/n`` of them)."""
+    step_calls: int
+    """Calls after ``optimizer.step()``: one per persistent parameter (once per optimizer step)."""
+    model_elements: float
+    """Every parameter of the replayed model (or stage), persistent ones included: the elements
+    of one full pass, to which the step model scales its gathered bytes."""
+
+
+def _zero3_modules(tensors, hidden: int) -> tuple[tuple[float, ...], ...]:
+    """A block's tensor sizes (forward order) as the modules DeepSpeed fetches: a matrix (over
+    ``8 h`` elements) starts a module; a small tensor after a matrix is its bias, unless it is
+    ``h`` wide (a norm, its own module); a small tensor after a small one joins it (a norm's bias)."""
+    modules: list[list[float]] = []
+    last_big = False
+    for t in tensors:
+        big = t > 8 * hidden
+        if not modules or big or (last_big and t == hidden):
+            modules.append([t])
+        else:
+            modules[-1].append(t)
+        last_big = big
+    return tuple(tuple(m) for m in modules)
+
+
+def _zero3_layer_order(matrices: tuple[bool, ...]) -> tuple[list[int | None], list[int | None]]:
+    """The hook order of one layer's modules (indices; None for a module without parameters),
+    forward and backward, from which modules hold a matrix (the rest are norms): the layer, each
+    run of matrices inside its container (attention, MLP), the activation after the MLP's first
+    matrix; backward each container before its run, reversed. A Llama layer (HF transformers
+    5.x): ``L n1 [A] q k v o n2 [M] gate [act] up down`` and ``L [M] down up [act] gate n2 [A] o v
+    k q n1``."""
+    n = len(matrices)
+    starts = [j for j in range(n) if matrices[j] and (j == 0 or not matrices[j - 1])]
+    act = starts[-1] + 1 if starts and starts[-1] + 1 < n and matrices[starts[-1] + 1] else None
+    fwd: list[int | None] = [None]
+    for j in range(n):
+        fwd += [None] if j in starts or j == act else []
+        fwd.append(j)
+    bwd: list[int | None] = [None]
+    j = n - 1
+    while j >= 0:
+        if not matrices[j]:
+            bwd.append(j)
+            j -= 1
+            continue
+        start = max(s for s in starts if s <= j)
+        bwd.append(None)
+        for t in range(j, start - 1, -1):
+            bwd.append(t)
+            bwd += [None] if t == act else []
+        j = start - 1
+    return fwd, bwd
+
+
+@functools.lru_cache(maxsize=1024)
+def _zero3_replay(*, embed: tuple, layer: tuple, matrices: tuple, final: tuple, head: tuple | None, layers: int,
+                  recompute: bool, prefetch_bucket: float, max_live: float, max_reuse: float, persistence: float,
+                  first_step: bool) -> Zero3Gathers:
+    """Replay ``PartitionedParameterCoordinator`` over one micro-batch (``zero3_gathers``). Modules
+    are tuples of parameter sizes, ``matrices`` which of the layer's hold a matrix; ``head`` None:
+    tied to the embedding's first parameter."""
+    size: list[float] = []
+
+    def ids(mods):
+        out = []
+        for m in mods:
+            out.append(tuple(range(len(size), len(size) + len(m))))
+            size.extend(m)
+        return out
+
+    emb = ids(embed)
+    blocks = [ids(layer) for _ in range(layers)]
+    fin = ids(final)
+    hd = ids(head) if head is not None else [(emb[0][0],)]
+    persist = [s <= persistence for s in size]
+    # Steps in hook order: (params, True forward / False backward / None release only, release
+    # after?). Param-less steps stand for the modules without parameters whose hooks fire there
+    # (the model, the rotary embedding, each layer, its attention and MLP, the activation): the
+    # prefetcher runs at every step, so they set how far ahead it reaches.
+    fwd_order, bwd_order = _zero3_layer_order(matrices)
+    steps: list[tuple[tuple[int, ...], bool | None, bool]] = [((), True, True)] * 2
+    steps += [(m, True, True) for m in emb] + [((), True, True)]
+    for b in blocks:
+        steps += [(b[j] if j is not None else (), True, True) for j in fwd_order]
+    steps += [(m, True, True) for m in fin + hd]
+    steps += [((), False, True)] + [(m, False, True) for m in reversed(hd)] + [((), False, True)]
+    steps += [(m, False, True) for m in reversed(fin)]
+    last = len(layer) - 1
+    for b in reversed(blocks):
+        bwd = [(b[j] if j is not None else (), False, True) for j in bwd_order]
+        if recompute:
+            # Non-reentrant checkpoint: the last module's pre-backward hook fetches first, then the
+            # recompute forward runs up to the last saved tensor (torch's early stop: that module's
+            # post-forward hook, its release, never runs); its post-backward hook releases it.
+            k = bwd_order.index(last)
+            steps += bwd[:k] + [(b[last], False, False)]
+            steps += [(b[j] if j is not None else (), True, j != last) for j in fwd_order]
+            steps += [(b[last], None, True)] + bwd[k + 1:]
+        else:
+            steps += bwd
+    steps += [(m, False, True) for m in reversed(emb)]
+
+    trace = [m for m, fw, _ in steps if fw is not None]
+    prefix = [0.0]
+    for m in trace:
+        prefix.append(prefix[-1] + sum(size[p] for p in m))
+    uses: dict[int, list[int]] = {}
+    for i, m in enumerate(trace):
+        for p in m:
+            uses.setdefault(p, []).append(i)
+    queue = [(p, i) for i, m in enumerate(trace) for p in sorted(m)]
+    available = [persist[p] and not first_step for p in range(len(size))]
+    recent = [-1] * len(size)
+    calls = {True: 0, False: 0}
+    elements = {True: 0.0, False: 0.0}
+    live = 0.0
+    head_q = 0
+    i = -1
+    forward = True
+
+    def gather(params) -> None:
+        nonlocal live
+        todo = [p for p in params if not available[p]]
+        if todo:
+            calls[forward] += 1
+            n = sum(size[p] for p in todo)
+            elements[forward] += n
+            live += n
+            for p in todo:
+                available[p] = True
+
+    for m, fw, rel in steps:
+        if fw is not None:
+            i += 1
+            forward = forward and fw
+            gather(m)
+            if not first_step:
+                for _ in [p for p in m if recent[p] < i]:  # this module's own entries leave the queue
+                    p, at = queue[head_q]
+                    head_q += 1
+                    recent[p] = at
+                if prefetch_bucket > 0:
+                    budget = min(max_live - live, prefetch_bucket)
+                    batch: list[int] = []
+                    n = 0.0
+                    while head_q < len(queue) and n < budget:
+                        p, at = queue[head_q]
+                        head_q += 1
+                        if not available[p] and p not in batch:
+                            batch.append(p)
+                            n += size[p]
+                        recent[p] = max(recent[p], at)
+                    gather(batch)
+        if not rel:
+            continue
+        if first_step:
+            release = set(m)
+        else:
+            # Kept: a parameter whose later use the prefetcher has passed, or one used again within
+            # the next modules holding max_reuse_distance elements.
+            end = bisect.bisect_left(prefix, prefix[i + 1] + max_reuse, lo=i + 1)
+            release = set()
+            for p in m:
+                later = uses[p]
+                j = bisect.bisect_right(later, i)
+                if persist[p] or recent[p] > i or (j < len(later) and later[j] < end):
+                    continue
+                release.add(p)
+        for p in release:
+            if available[p]:
+                available[p] = False
+                live -= size[p]
+    return Zero3Gathers(forward_calls=calls[True], backward_calls=calls[False], forward_elements=elements[True],
+                        backward_elements=elements[False], step_calls=sum(persist), model_elements=sum(size))
+
+
+def zero3_gathers(*, facts, buffers: mem.ZeroBuffers, tp: int = 1, stage_layers: int | None = None,
+                  recompute: str = "none", first_step: bool = False) -> Zero3Gathers | None:
+    """ZeRO-3's parameter all-gathers per micro-batch, by replaying DeepSpeed 0.19.8's
+    ``PartitionedParameterCoordinator`` over the model's module trace with ``buffers``'
+    ``stage3_prefetch_bucket_size``, ``stage3_max_live_parameters``, ``stage3_max_reuse_distance``
+    and ``stage3_param_persistence_threshold``. None when the model's tensors are unknown.
+
+    What DeepSpeed does (``runtime/zero/``; checked call by call on 2 gloo ranks, tiny and 5M
+    Llamas, by ``benchmarks/zero_cpu_cost.py --zero3-calls``):
+
+    - Parameters of at most ``stage3_param_persistence_threshold`` elements are persistent
+      (``parameter_offload.py:317`` ``mark_persistent_parameters``): never gathered by a module,
+      but all-gathered again after every optimizer step, **one call per parameter**
+      (``stage3.py:2841`` ``_post_step`` -> ``partition_parameters.py:2022``
+      ``_allgather_params_coalesced``, a loop of ``all_gather_into_tensor``, line 2073):
+      ``step_calls``.
+    - Each module's pre-forward and pre-backward hook calls ``fetch_sub_module``
+      (``partitioned_param_coordinator.py:310``; a non-reentrant checkpoint's recompute forward
+      fires the forward hooks again): the module's parameters not yet gathered go out in **one**
+      coalesced call (line 368 -> ``__all_gather_params_`` line 582 -> ``all_gather_coalesced``,
+      ``partition_parameters.py:1540``: one ``all_gather_into_tensor`` per dtype, line 1362, or
+      for a single parameter, line 1598).
+    - Step 1 records the trace (``reset_step``, line 251, at every forward; line 277): no
+      prefetch, and every module releases all of its parameters after use, persistent ones too
+      (line 498), so step 1 gathers each module before forward, again before backward, and a third
+      time in the recompute forward (``first_step``).
+    - From step 2 the trace is complete. At every hook, modules without parameters included,
+      the prefetcher pops the parameter trace (one entry per use, in order) and gathers the
+      not-yet-gathered parameters it meets in **one** call, until it has queued
+      ``min(stage3_prefetch_bucket_size, stage3_max_live_parameters - gathered)`` elements (line
+      451; the last parameter may overshoot). Parameters it meets already gathered are passed
+      over, and a parameter whose next use it has passed is not released (line 650). After a
+      module runs, its parameters are released unless used again within the modules that follow
+      until ``stage3_max_reuse_distance`` elements are traversed (line 658).
+
+    So a model smaller than the bucket goes out in one call at the first hook and is kept for
+    backward (the tiny Llama: 1 call per micro-batch); modules larger than the bucket go one call
+    each, forward and backward (and in the recompute forward unless kept within the reuse
+    distance): the published 10^8-10^9-element modules at the default 5e7 bucket.
+
+    The trace is a Llama-like model's (HF transformers 5.x): the model and each layer's hooks,
+    embedding, the layer's modules (``_zero3_modules``), final norm, head; backward in reverse;
+    under full recompute each layer's last module is fetched for backward, the recompute forward
+    stops after it (torch ``checkpoint`` early stop) and the rest run backward in reverse."""
+    if facts.shape is None or not facts.layer_persistent:
+        return None
+    h = facts.hidden
+
+    def split(tensors):  # AutoTP shards every matrix; norms stay whole
+        return tuple(t if t == h else t / tp for t in tensors)
+
+    if facts.final and facts.final % h == 0:
+        final = ((float(h),) * (facts.final // h),)
+    else:
+        final = ((float(facts.final),),) if facts.final else ()
+    head = None if facts.tied or not facts.lm_head else ((facts.lm_head / tp,),)
+    modules = _zero3_modules(facts.layer_persistent, h)
+    return _zero3_replay(
+        embed=_zero3_modules(split(facts.embed_tensors), h), layer=tuple(split(m) for m in modules),
+        matrices=tuple(max(m) > 8 * h for m in modules), final=final, head=head,
+        layers=facts.layers if stage_layers is None else stage_layers, recompute=recompute == "full", prefetch_bucket=float(buffers.prefetch_bucket_size),
+        max_live=float(buffers.max_live_parameters), max_reuse=float(buffers.max_reuse_distance),
+        persistence=float(buffers.param_persistence_threshold), first_step=first_step)
+
+
 def collective_calls(*, zero_stage: int, dp: int, tp: int, pp: int, grad_accum: int, virtual_stages: int = 1,
                      stage_layers: int, recompute: str = "none", sequence_parallel: bool = False,
                      trainable_params: float, reduce_bucket_size: float, modules_per_layer: int = 7,
-                     engine: str = "deepspeed") -> CollectiveCalls:
+                     engine: str = "deepspeed", zero3: Zero3Gathers | None = None) -> CollectiveCalls:
     """``CollectiveCalls`` of one step, counted as DeepSpeed 0.19.8 issues them (each count was
     checked on 2 gloo ranks by ``benchmarks/zero_cpu_cost.py``, which wraps DeepSpeed's backend):
 
@@ -344,10 +621,11 @@ def collective_calls(*, zero_stage: int, dp: int, tp: int, pp: int, grad_accum: 
       (``scaled_global_norm`` -> ``get_grad_norm_direct``, line 2693), and all-gathers the updated
       partitions (``all_gather_dp_groups``, line 3155: one ``all_gather_into_tensor`` per parameter
       group where torch has it, ``allgather_bucket_size`` unused): 3 tail calls;
-    - ZeRO-3: ``ceil(P / reduce_bucket_size)`` reduce-scatters per micro-batch, one all-gather per
-      parameterised module per micro-batch (the prefetcher folds what it prefetches into the same
-      call: the tiny Llama measures 16 = its 14 projections, embedding and head; norms stay
-      persistent under dstk's ``stage3_param_persistence_threshold``), and the norm all-reduce;
+    - ZeRO-3: ``ceil(P / reduce_bucket_size)`` reduce-scatters per micro-batch (``stage3.py:1583``
+      flushes the bucket when the next gradient would overflow it), the parameter all-gathers of
+      ``zero3`` (``zero3_gathers``: forward and backward per micro-batch; after the step one per
+      persistent parameter, counted in the tail with the norm all-reduce); without ``zero3`` (the
+      model's tensors unknown) one all-gather per parameterised module per micro-batch;
     - TP: per layer and micro-batch two all-reduces forward and two backward, two more under full
       recompute; sequence parallelism turns each into a reduce-scatter + all-gather pair;
     - PP: a send forward and one backward per micro-batch and boundary, ``v`` times interleaved.
@@ -366,8 +644,12 @@ def collective_calls(*, zero_stage: int, dp: int, tp: int, pp: int, grad_accum: 
             out["dp_tail"] = 3
         else:
             out["dp_buckets"] = m * _ceil_div(trainable_params, reduce_bucket_size)
-            out["zero3_gathers"] = m * (stage_layers * modules_per_layer + 2)
-            out["dp_tail"] = 1
+            if zero3 is None:
+                out["zero3_gathers"] = m * (stage_layers * modules_per_layer + 2)
+                out["dp_tail"] = 1
+            else:
+                out["zero3_gathers"] = m * (zero3.forward_calls + zero3.backward_calls)
+                out["dp_tail"] = 1 + zero3.step_calls
     if tp > 1:
         per_layer = (4 + (2 if recompute == "full" else 0)) * (2 if sequence_parallel else 1)
         out["tp"] = m * stage_layers * per_layer
@@ -402,10 +684,11 @@ def latency_extra_seconds(*, call_seconds: float, priced_seconds: float) -> floa
 
 
 def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "autotp",
-              kernels: MegatronKernels = MegatronKernels(), lora=None):
+              kernels: MegatronKernels = MegatronKernels(), zero_kernels: ZeroKernels = ZeroKernels(), lora=None):
     """``Time`` of one optimizer step of ``layout`` (see the module docstring for the model);
     ``kernels``: the Megatron engine's overlap (``MegatronKernels``; ``MEGATRON_2021`` for the
-    Megatron-LM of Narayanan et al. 2021). ``lora``: ``dstk.estimate.lora.StepTerms`` when adapters
+    Megatron-LM of Narayanan et al. 2021); ``zero_kernels``: DeepSpeed's (``ZeroKernels``;
+    ``DEEPSPEED_2021`` for its ZeRO-3 of the same paper). ``lora``: ``dstk.estimate.lora.StepTerms`` when adapters
     train on a frozen base (its deltas are applied at the four places marked "LoRA")."""
     from dstk.estimate import Time, _bandwidth, stage_layers, stage_params
 
@@ -431,13 +714,22 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
         call = collective_latency(group=2, stride=tp * dp, cluster=cluster)
         pp_mb = 2 * v * (tokens_mb * f.hidden * w / tp / bw + lat + latency_extra_seconds(call_seconds=call,
                                                                                          priced_seconds=lat))
+        if tp > 1 and not (megatron and layout.sequence_parallel):
+            # The receiver re-assembles the scattered tensor with an all-gather over its TP group
+            # before it can compute (Megatron ``gather_split_1d_tensor``; DeepSpeed's pipe engine
+            # ``PartitionedTensor.full``, ``pipe_partitioned`` on by default when model parallel).
+            # Under sequence parallelism Megatron sends the sequence shard as it is (no gather).
+            bw_tp, lat_tp = _bandwidth(group=tp, stride=1, cluster=cluster)
+            pp_mb += 2 * v * tm.ring_gather_seconds(nbytes=tokens_mb * f.hidden * w, ranks=tp, bandwidth=bw_tp,
+                                                    latency=lat_tp)
     head = head_seconds(facts=f, tokens=tokens_mb, tp=tp, act_bytes=w, gpu=gpu, peak_flops=peak)
     embed = tm.memory_seconds(nbytes=3.0 * 2 * w * f.hidden * tokens_mb, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
     if megatron and tp > 1:  # the vocab-parallel embedding all-reduces its output
         bw, lat = _bandwidth(group=tp, stride=1, cluster=cluster)
         embed += tm.ring_allreduce_seconds(nbytes=tokens_mb * f.hidden * w, ranks=tp, bandwidth=bw, latency=lat)
 
-    counts = stage_layers(f.layers, pp, layout=layout)
+    counts = stage_layers(f.layers, pp, layout=layout, facts=f, seq_len=training.seq_len,
+                          engine="megatron" if megatron else "deepspeed")
     accumulate = tm.grad_accumulation_bytes_per_param(engine="megatron" if megatron else "deepspeed",
                                                       precision=training.precision)
     # The slowest stage sets the pace of every micro-batch (1F1B, Narayanan et al. 2021 §2.2).
@@ -465,7 +757,8 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
     dp_seconds = gather_seconds = offload_seconds = 0.0
     exposed_dp = exposed_zero3 = 0.0
     if dp > 1:
-        bw, lat = _bandwidth(group=dp, stride=tp, cluster=cluster)
+        bw, lat = _bandwidth(group=dp, stride=tp, cluster=cluster,
+                             share_nics=megatron or zero_kernels.share_nics)
         bucket = tm.ring_allreduce_seconds(nbytes=w * min(buffers.reduce_bucket_size, worst_params), ranks=dp,
                                            bandwidth=bw, latency=lat)
         # Per-call latency (``collective_calls``): the buckets' rides with their bytes (hidden beside
@@ -473,27 +766,39 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
         # nothing: DeepSpeed's CPU accelerator streams are no-ops (``cpu_accelerator.py``
         # ``stream()`` returns a noop context), so gloo's calls run inside backward and step.
         call = collective_latency(group=dp, stride=tp, cluster=cluster)
+        zero3 = (zero3_gathers(facts=f, buffers=buffers, tp=tp, stage_layers=counts[worst], recompute=recompute)
+                 if layout.zero_stage == 3 and not megatron and zero_kernels.replay_gathers else None)
         calls = collective_calls(zero_stage=layout.zero_stage, dp=dp, tp=tp, pp=pp, grad_accum=m,
                                  stage_layers=counts[worst], trainable_params=worst_params,
                                  reduce_bucket_size=buffers.reduce_bucket_size,
-                                 modules_per_layer=modules_per_layer(f), engine="megatron" if megatron else "deepspeed")
+                                 modules_per_layer=modules_per_layer(f), engine="megatron" if megatron else "deepspeed",
+                                 zero3=zero3)
         sync = gpu.is_cpu
         tail = calls.dp_tail * call
         if layout.zero_stage == 3:
             one = tm.ring_gather_seconds(nbytes=gathered_bytes, ranks=dp, bandwidth=bw, latency=lat)
             rs = tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)  # LoRA: adapters
             rs += calls.dp_buckets / m * call
-            backward_gathers = 2 if recompute == "full" else 1
-            gathers = calls.zero3_gathers / m * call  # one pass over the modules
-            if sync:  # nothing overlaps: every gather and reduce-scatter adds, each module fetched once
-                per_mb = mb_compute + stage_tp + (1 + backward_gathers) * one + gathers + rs
-                gather_seconds = m * ((1 + backward_gathers) * one + gathers)
+            # The gathers' bytes (as full passes over the stage, ``one`` each) and calls in forward
+            # and in backward, as DeepSpeed issues them (``zero3_gathers``); without the model's
+            # tensors, a pass forward and one (two under full recompute) in backward, each module
+            # in one call per pass.
+            if zero3 is not None:
+                full = max(zero3.model_elements, 1.0)
+                fwd_gather = zero3.forward_elements / full * one + zero3.forward_calls * call
+                bwd_gather = zero3.backward_elements / full * one + zero3.backward_calls * call
             else:
-                one += gathers
-                gather_seconds = m * (1 + backward_gathers) * one
+                passes = 2 if recompute == "full" else 1
+                fwd_gather = one + calls.zero3_gathers / m * call
+                bwd_gather = passes * fwd_gather
+            if sync:  # nothing overlaps: every gather and reduce-scatter adds
+                per_mb = mb_compute + stage_tp + fwd_gather + bwd_gather + rs
+            else:  # the backward gathers exposed (``zero3_step_seconds``)
                 per_mb = zero3_step_seconds(forward_seconds=stage_fwd + stage_tp_fwd,
-                                            backward_seconds=stage_bwd + stage_tp - stage_tp_fwd, gather_seconds=one,
-                                            reduce_scatter_seconds=rs, backward_gathers=backward_gathers)
+                                            backward_seconds=stage_bwd + stage_tp - stage_tp_fwd,
+                                            gather_seconds=fwd_gather, reduce_scatter_seconds=rs,
+                                            backward_gathers=0) + bwd_gather
+            gather_seconds = m * (fwd_gather + bwd_gather)
             dp_seconds = m * rs + tail
             exposed_zero3 = m * (per_mb - mb_compute - stage_tp)
             exposed_dp = tail

@@ -8,6 +8,7 @@ and ``split`` finds the contiguous cut that makes the heaviest stage as light as
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from dstk.errors import DstkError
@@ -157,6 +158,26 @@ def plan_stages(costs: list[LayerCost], *, num_stages: int, method: str, seq_len
         stages.append(StagePlan(stage=s, layer_names=tuple(c.name for c in costs[lo:hi]),
                                 num_params=sum(c.num_params for c in costs[lo:hi]), load=sum(load[lo:hi])))
     return bounds, stages
+
+
+@functools.lru_cache(maxsize=512)
+def decoder_layers_per_stage(*, num_layers: int, layer_params: int, embed_params: int, final_params: int,
+                             head_params: int, tied_head: bool, hidden_size: int, num_heads: int, vocab_size: int,
+                             seq_len: int, num_stages: int, method: str = "balanced") -> tuple[int, ...]:
+    """Decoder layers on each stage of the cut ``to_pipeline`` gives DeepSpeed's ``PipelineModule``
+    (``plan_stages`` over ``[embed, layer_0 .. layer_{L-1}, norm, head]``, ``head_params`` 0 when
+    tied), from parameter counts alone: the estimator prices the stages the engine builds.
+
+    With ``balanced`` (``to_pipeline``'s default) the head's ``2 V h`` FLOPs and ``4 V`` logit bytes
+    per token and the embedding's ``16 x`` parameter bytes weigh like layers, so the first and last
+    stages take fewer decoder layers when the vocabulary is large, even when ``num_layers`` divides
+    by ``num_stages``. Cached: the planner asks for the same model and degree many times."""
+    names = ["embed", *(f"layer.{i}" for i in range(num_layers)), "norm", "head"]
+    costs = layer_costs(num_params=[embed_params, *([layer_params] * num_layers), final_params, head_params],
+                        names=names, hidden_size=hidden_size, num_heads=num_heads, vocab_size=vocab_size,
+                        seq_len=seq_len, tied_head=tied_head)
+    _, stages = plan_stages(costs, num_stages=num_stages, method=method, seq_len=seq_len)
+    return tuple(sum(1 for n in st.layer_names if n.startswith("layer.")) for st in stages)
 
 
 def _uniform_bounds(costs: list[LayerCost], num_stages: int) -> list[int]:
