@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
 import os
 
 from dstk.models.spec import ModelSpec
@@ -54,15 +53,21 @@ def list_models() -> list[ModelSpec]:
 def read_hf_config(path: str | os.PathLike) -> dict:
     """An HF ``config.json`` (the file, or a directory holding it), read locally."""
     from dstk.errors import DstkError
+    from dstk.intent import parse_user_text
 
     file = os.path.join(path, "config.json") if os.path.isdir(path) else os.fspath(path)
     try:
-        with open(file, encoding="utf-8") as fh:
-            cfg = json.load(fh)
+        with open(file, "rb") as fh:
+            raw = fh.read(64 << 20)
     except FileNotFoundError:
         raise DstkError(f"{file}: no such file", hint="give a preset (dstk models) or an HF config.json") from None
-    except (OSError, json.JSONDecodeError) as exc:
+    except OSError as exc:
         raise DstkError(f"{file}: cannot read it as JSON: {exc}", location=file) from None
+    if not raw.lstrip().startswith(b"{"):
+        raise DstkError(f"{file}: cannot read it as JSON: it does not start with {{", location=file,
+                        hint="give a preset (dstk models) or an HF config.json")
+    # strict, as the intent: a key given twice (json keeps the last silently) is refused with file:line
+    cfg, _lines = parse_user_text(raw, source=file, what="HF config", example="the model's config.json")
     if not isinstance(cfg, dict) or "model_type" not in cfg:
         raise DstkError(f"{file}: no model_type key; this does not look like an HF config.json", location=file)
     return cfg

@@ -29,7 +29,6 @@ No torch here.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from typing import Any
 
@@ -342,6 +341,10 @@ def _entry(cls, slug: str, fields: dict, units: dict, base, where: str):
                         "with 'base: SLUG'", location=where) from None
 
 
+MAX_HARDWARE_BYTES = 1 << 20
+"""A hardware file is a few entries; a larger file is not one (and /dev/zero would never end)."""
+
+
 def load_catalog(path: str | os.PathLike) -> tuple[dict[str, GPU], dict[str, Interconnect]]:
     """The built-in catalog merged with a user file (YAML or JSON)::
 
@@ -354,24 +357,34 @@ def load_catalog(path: str | os.PathLike) -> tuple[dict[str, GPU], dict[str, Int
     Units in the keys: ``*_gib`` GiB, ``*_tflops`` 10^12 FLOP/s, ``*_gbps`` 10^9 bytes/s.
     """
     from dstk.errors import DstkError
+    from dstk.intent import parse_user_text
 
-    text = open(path, encoding="utf-8").read() if os.path.exists(path) else None
-    if text is None:
-        raise DstkError(f"{path}: no such hardware file", hint="give a YAML or JSON file with gpus: / interconnects:")
+    shape = "a YAML or JSON file with gpus: / interconnects: (see docs/estimate.md)"
     try:
-        if str(path).endswith(".json"):
-            data = json.loads(text)
-        else:
-            import yaml
-
-            data = yaml.safe_load(text)
-    except Exception as exc:  # a parse error of either format is the user's to fix
-        raise DstkError(f"{path}: cannot parse it: {exc}", location=str(path)) from None
+        with open(path, "rb") as fh:
+            raw = fh.read(MAX_HARDWARE_BYTES + 1)
+    except FileNotFoundError:
+        raise DstkError(f"{path}: no such hardware file", hint=f"give {shape}") from None
+    except OSError as exc:
+        raise DstkError(f"{path}: cannot read the hardware file: {exc.strerror}", hint=f"give {shape}") from None
+    if len(raw) > MAX_HARDWARE_BYTES:
+        raise DstkError(f"{path}: larger than {MAX_HARDWARE_BYTES >> 20} MiB, not a hardware file",
+                        location=str(path), hint=f"give {shape}")
+    # strict, as the intent: duplicate keys, aliases, deep nesting, NaN, non-UTF-8 are refused with file:line
+    data, lines = parse_user_text(raw, source=str(path), what="hardware file", example=shape)
     if not isinstance(data, dict) or set(data) - {"gpus", "interconnects"}:
         raise DstkError(f"{path}: expected top-level keys gpus and/or interconnects", location=str(path))
     gpus, nets = dict(GPUS), dict(INTERCONNECTS)
     for table, cls, units, out in (("gpus", GPU, _GPU_UNITS, gpus), ("interconnects", Interconnect, _NET_UNITS, nets)):
-        for slug, fields in (data.get(table) or {}).items():
+        entries = data.get(table) or {}
+        if not isinstance(entries, dict):
+            raise DstkError(f"{table}: a mapping of slug -> fields, got {type(entries).__name__}",
+                            location=f"{path}:{lines.get(table, 1)}", hint=f"give {shape}")
+        for slug, fields in entries.items():
+            if fields is not None and not isinstance(fields, dict):
+                raise DstkError(f"{table}.{slug}: a mapping of fields, got {type(fields).__name__}",
+                                location=f"{path}:{lines.get(f'{table}.{slug}', 1)}",
+                                hint=f"write it as {slug}: {{base: SLUG, memory_gib: ...}}")
             slug = str(slug).lower()
             fields = dict(fields or {})
             base_slug = fields.pop("base", None)

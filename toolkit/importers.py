@@ -114,7 +114,7 @@ def _read_text(path: str) -> str:
         return _read_stdin()
     try:
         with open(path, encoding="utf-8") as fh:
-            return fh.read()
+            text = fh.read(_MAX_STDIN_CHARS + 1)  # /dev/zero would never end
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file", hint="check the path of the file to import") from None
     except IsADirectoryError:
@@ -122,28 +122,35 @@ def _read_text(path: str) -> str:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path}: cannot read it: {getattr(exc, 'strerror', None) or exc}",
                          hint="check the path and its permissions") from None
+    if len(text) > _MAX_STDIN_CHARS:
+        raise UsageError(f"{path}: more than {_MAX_STDIN_CHARS:,} characters, not a training config",
+                         hint="give the config file itself")
+    return text
 
 
-def _yaml_lines(text: str) -> tuple[Any, dict[str, int]]:
-    """Parse YAML; also map dotted key paths (``deepspeed_config.zero_stage``) to 1-based lines."""
+def _load_mapping(text: str, *, source: str, strict_syntax: bool) -> tuple[Any, dict[str, int]]:
+    """A YAML or JSON config and its dotted key paths (``deepspeed_config.zero_stage``) -> 1-based lines,
+    through the intent's strict reader (``dstk.intent.parse_user_text``): a duplicate key (the tools'
+    own readers, yaml.safe_load and json.load, keep the last one silently), an alias, deep nesting or
+    NaN is refused with ``file:line``. YAML keeps PyYAML's values (``2e-5`` is a string there, as
+    accelerate, LLaMA-Factory and axolotl read it); JSON keeps json's. Aliases are refused: no config
+    under tests/data/import uses one, and none of the three tools documents them.
+
+    A syntax error is an error when the format was named (``strict_syntax``); otherwise the text may
+    be a command line (``run_clm.py --lr 1e-5 ...``), and (None, {}) lets detection go on."""
     import yaml
 
-    data = yaml.safe_load(text)
-    lines: dict[str, int] = {}
-    try:
-        node = yaml.compose(text)
-    except yaml.YAMLError:
-        return data, lines
+    from dstk.intent import parse_user_text
 
-    def walk(n, prefix: str) -> None:
-        if isinstance(n, yaml.MappingNode):
-            for k, v in n.value:
-                key = f"{prefix}{k.value}"
-                lines.setdefault(key, k.start_mark.line + 1)
-                walk(v, key + ".")
-
-    walk(node, "")
-    return data, lines
+    if not strict_syntax:  # is it YAML/JSON at all? A command line need not be.
+        try:
+            (json.loads if text.lstrip().startswith("{") else yaml.safe_load)(text)
+        except (json.JSONDecodeError, yaml.YAMLError):
+            return None, {}
+        except (ValueError, RecursionError):
+            pass  # too deep, or a number too long: the strict reader names it
+    return parse_user_text(text, source=source, what="config",
+                           example="the config file as the tool wrote it (dstk import --kind KIND FILE)")
 
 
 def _tokens(text: str) -> list[str]:
@@ -174,17 +181,6 @@ def detect_kind(text: str, data: Any) -> str | None:
                  r"output_dir)\b", text):
         return "hf-flags"
     return None
-
-
-def _json_lines(text: str) -> dict[str, int]:
-    """Top-level and nested keys of a JSON file -> 1-based lines (dotted like ``_yaml_lines``)."""
-    from dstk.validate import parse_bytes
-
-    try:
-        positions = parse_bytes(text.encode("utf-8")).positions
-    except Exception:  # positions are a nicety; the JSON itself was already parsed
-        return {}
-    return {pointer.strip("/").replace("/", "."): pos[0] for pointer, pos in positions.items() if pointer}
 
 
 def _flag_lines(text: str) -> dict[str, int]:
@@ -1115,8 +1111,6 @@ def import_file(path: str | os.PathLike, *, kind: str | None = None, overrides: 
     values (``{"model": {"name": ...}, "cluster": {"gpus_per_node": 8, ...}}``); they win, and a
     model given there is not resolved from the file. Raises ``DstkError`` (exit 1) or ``UsageError``
     (exit 2) with the location and a fix; never writes anything."""
-    import yaml
-
     path = os.fspath(path)
     text = _read_text(path)
     if path == STDIN:
@@ -1126,19 +1120,8 @@ def import_file(path: str | os.PathLike, *, kind: str | None = None, overrides: 
         raise UsageError(f"--kind {kind}: unknown format", hint=f"one of {', '.join(KINDS)}")
     if kind in (None, "accelerate", "llamafactory", "axolotl", "hf-args"):
         stripped = text.lstrip()
-        try:
-            if stripped.startswith("{"):
-                data = json.loads(text)
-                key_lines = _json_lines(text)
-            elif kind is not None or not stripped.startswith("-"):
-                data, key_lines = _yaml_lines(text)
-        except (json.JSONDecodeError, yaml.YAMLError) as exc:
-            if kind is not None:
-                mark = getattr(exc, "problem_mark", None)
-                where = f"{path}:{mark.line + 1}" if mark else path
-                raise DstkError(f"not valid YAML/JSON: {getattr(exc, 'problem', None) or exc}", location=where,
-                                hint="fix the syntax") from None
-            data = None
+        if kind is not None or stripped.startswith("{") or not stripped.startswith("-"):
+            data, key_lines = _load_mapping(text, source=path, strict_syntax=kind is not None)
         if isinstance(data, str):  # a command line read as a YAML scalar
             data = None
     found = kind or detect_kind(text, data)

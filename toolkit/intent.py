@@ -639,28 +639,18 @@ def read_intent_bytes(path: str | os.PathLike) -> bytes:
     return data
 
 
-def parse_intent_text(raw: bytes | str, *, source: str) -> tuple[Any, dict]:
+def parse_intent_text(raw: bytes | str, *, source: str, what: str = "intent",
+                      example: str = "an intent YAML file (see examples/intents/)") -> tuple[Any, dict]:
     """Parse an intent's YAML (JSON is YAML too) strictly: the data and ``marks`` (``section.key`` ->
     ``(line, quoted)``). Refused with ``file:line`` and a fix: binary or non-UTF-8 bytes, YAML
     errors, more than ``MAX_NESTING`` levels (PyYAML's composer recurses, so 10,000 levels would be a
     RecursionError), aliases (``&a [*a]`` is a cycle; nine aliases over nine levels, "billion laughs",
     are 9**9 values), numbers of more than ``MAX_NUMBER_CHARS`` characters (Python refuses to read an
-    int of more than 4,300 digits) and duplicate keys (PyYAML keeps the last one silently)."""
+    int of more than 4,300 digits) and duplicate keys (PyYAML keeps the last one silently).
+    ``what``/``example`` name the file in messages when it is not an intent (``parse_user_text``)."""
     import yaml
 
-    if isinstance(raw, bytes):
-        if b"\x00" in raw:
-            line = raw[: raw.index(b"\x00")].count(b"\n") + 1
-            raise DstkError("the intent is a binary file (it holds NUL bytes), not YAML", location=f"{source}:{line}",
-                            hint="give an intent YAML file (see examples/intents/)")
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            line = raw[: exc.start].count(b"\n") + 1
-            raise DstkError(f"the intent is not UTF-8 text (byte 0x{raw[exc.start]:02x})", location=f"{source}:{line}",
-                            hint="save the file as UTF-8 (an intent needs only ASCII)") from None
-    else:
-        text = raw
+    text = _user_text(raw, source=source, what=what, example=example)
 
     def fail(message: str, mark, hint: str) -> DstkError:
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark is not None else source
@@ -673,17 +663,18 @@ def parse_intent_text(raw: bytes | str, *, source: str) -> tuple[Any, dict]:
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 depth += 1
                 if depth > MAX_NESTING:
-                    raise fail(f"nested more than {MAX_NESTING} levels deep; an intent has 2 (section: key: value)",
-                               event.start_mark, "see examples/intents/ for the shape")
+                    raise fail(f"nested more than {MAX_NESTING} levels deep"
+                               + ("; an intent has 2 (section: key: value)" if what == "intent" else ""),
+                               event.start_mark, f"compare with {example}")
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
                 depth -= 1
             elif isinstance(event, yaml.AliasEvent):  # `*a` nine times over nine levels: 9**9 values
-                raise fail(f"a YAML alias (*{event.anchor}): intents are read without aliases (a cyclic or "
+                raise fail(f"a YAML alias (*{event.anchor}): {what}s are read without aliases (a cyclic or "
                            "exponentially expanding one would hang dstk)",
                            event.start_mark, "write the value out where the alias is")
             elif isinstance(event, yaml.ScalarEvent) and len(event.value) > MAX_NUMBER_CHARS and event.style is None \
                     and resolver.resolve(yaml.ScalarNode, event.value, (True, False)) in _NUMBER_TAGS:
-                raise fail(f"a {len(event.value)}-character number; no intent field takes one that large",
+                raise fail(f"a {len(event.value)}-character number; no {what} field takes one that large",
                            event.start_mark, "give a realistic value (counts are at most 2**63)")
         loader = yaml.SafeLoader(text)
         try:
@@ -730,6 +721,90 @@ def _check_keys(node, *, prefix: str, marks: dict, fail) -> None:
             and any(isinstance(v, yaml.ScalarNode) and v.style in ("'", '"') for v in value_node.value))
         marks.setdefault(f"{prefix}{key}", (key_node.start_mark.line + 1, quoted))
         _check_keys(value_node, prefix=f"{prefix}{key}.", marks=marks, fail=fail)
+
+
+def _user_text(raw: bytes | str, *, source: str, what: str, example: str) -> str:
+    """The text of a user's file; NUL bytes and non-UTF-8 are refused with ``file:line``."""
+    if not isinstance(raw, bytes):
+        return raw
+    if b"\x00" in raw:
+        line = raw[: raw.index(b"\x00")].count(b"\n") + 1
+        raise DstkError(f"the {what} is a binary file (it holds NUL bytes), not YAML", location=f"{source}:{line}",
+                        hint=f"give {example}")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise DstkError(f"the {what} is not UTF-8 text (byte 0x{raw[exc.start]:02x})", location=f"{source}:{line}",
+                        hint="save the file as UTF-8" + (" (an intent needs only ASCII)" if what == "intent" else "")
+                        ) from None
+
+
+def parse_user_text(raw: bytes | str, *, source: str, what: str, example: str) -> tuple[Any, dict[str, int]]:
+    """A user's YAML or JSON file other than the intent (``--hardware``, ``--from``, ``--training-args``),
+    read as strictly as an intent: the data and ``{"dotted.key": line}``. Each format gets its own
+    reader's values, as the tool that wrote or reads the file would:
+
+    - JSON (the text starts with ``{`` or ``[``) by ``json``, as transformers, accelerate and dstk
+      read it (to PyYAML's YAML 1.1, ``1e-05`` is a string, and tabs or surrogate pairs, both valid
+      JSON, are errors). Refused with ``file:line``: syntax errors, duplicate keys (``json`` keeps the
+      last silently; located with the validator's scanner, ``dstk.validate.source.locate``), ``NaN`` /
+      ``Infinity`` (not JSON), integers past Python's 4,300 digits, nesting past ``MAX_NESTING``.
+    - YAML by ``parse_intent_text`` (duplicate keys, aliases, deep nesting, huge numbers, NUL/non-UTF-8).
+      Quoted numbers are left to the caller: unlike an intent's fields, these files' values are the
+      other tool's to type.
+    """
+    import json
+
+    text = _user_text(raw, source=source, what=what, example=example)
+    if not text.lstrip().startswith(("{", "[")):
+        data, marks = parse_intent_text(text, source=source, what=what, example=example)
+        return data, {key: line for key, (line, _quoted) in marks.items()}
+    from dstk.validate.source import locate
+
+    duplicates: list[str] = []
+
+    def pairs(items: list) -> dict:
+        out: dict = {}
+        for key, value in items:
+            if key in out:
+                duplicates.append(key)
+            out[key] = value
+        return out
+
+    def constant(name: str):
+        raise ValueError(f"{name} is not a JSON number")
+
+    try:
+        data = json.loads(text, object_pairs_hook=pairs, parse_constant=constant)
+    except json.JSONDecodeError as exc:
+        raise DstkError(f"not valid JSON: {exc.msg}", location=f"{source}:{exc.lineno}:{exc.colno}",
+                        hint="fix the JSON syntax") from None
+    except RecursionError:
+        data = None
+        duplicates = ["<nesting>"]
+    except ValueError as exc:  # NaN/Infinity, or an integer of more than 4,300 digits
+        raise DstkError(f"{exc}; no {what} field takes it", location=source,
+                        hint="write a finite number of realistic size") from None
+    positions, located = locate(text)
+    lines = {pointer.strip("/").replace("/", "."): pos[0] for pointer, pos in positions.items() if pointer}
+    depth, level = 0, [(data, 1)]
+    while level and data is not None:
+        node, d = level.pop()
+        depth = max(depth, d)
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        level.extend((child, d + 1) for child in children if isinstance(child, (dict, list)))
+    if depth > MAX_NESTING or duplicates == ["<nesting>"]:
+        raise DstkError(f"nested more than {MAX_NESTING} levels deep", location=source, hint=f"compare with {example}")
+    if duplicates:
+        pointer, (line, column) = located[0] if located else ("/" + duplicates[0], (None, None))
+        name = pointer.strip("/").replace("/", ".")
+        first = lines.get(name)
+        raise DstkError(f"{name}: given twice" + (f" (first on line {first})" if first and first != line else "")
+                        + "; the JSON reader would keep the last one silently",
+                        location=f"{source}:{line}:{column}" if line else source,
+                        hint=f"keep one \"{pointer.rsplit('/', 1)[-1]}\" key")
+    return data, lines
 
 
 def intent_from_text(raw: bytes | str, *, source: str) -> Intent:

@@ -11,7 +11,9 @@ HELP = "write a DeepSpeed pipeline or ZeRO checkpoint as an HF directory that fr
 DESCRIPTION = (
     "Read the checkpoint DeepSpeed's save_checkpoint wrote (the tag named in CHECKPOINT_DIR/latest unless --tag "
     "is given): per-layer files of a dstk pipeline, or a ZeRO checkpoint of the unwrapped HF model. Write "
-    "config.json and safetensors into --output, which must be new or empty. The HF architecture comes from "
+    "config.json and safetensors into --output, which must be new or empty; they are written into a hidden "
+    "sibling and renamed into place, so a killed export leaves no --output (or the old empty one), never a part "
+    "of one. The HF architecture comes from "
     "--config, or from a config.json in the checkpoint directory. Exit 0 on success, 1 when the checkpoint does "
     "not match the architecture, a file of it is truncated or empty (the previous complete checkpoint is named), or "
     "`latest` points outside the directory, 2 on usage errors."

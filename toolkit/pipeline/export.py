@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,10 +127,13 @@ def export_hf(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLike, 
 
     ``config``: an HF config, or a directory/``config.json`` (default: the one in the checkpoint
     directory or its tag directory). ``dtype``: fp32/bf16/fp16 (default: as saved). Refuses to
-    write into a directory that exists and is not empty; writes to a temporary directory first.
+    write into a directory that exists and is not empty; writes all of it or nothing
+    (``dstk.render.write_files``: a temporary sibling renamed into place).
     """
     import torch
     from transformers import AutoModelForCausalLM
+
+    from dstk.render import check_output_dir, write_files
 
     checkpoint_dir, output_dir = Path(checkpoint_dir), Path(output_dir)
     if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
@@ -141,8 +142,9 @@ def export_hf(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLike, 
                         hint="call it on rank 0 only, after a barrier that follows save_checkpoint")
     if not checkpoint_dir.is_dir():
         raise UsageError(f"checkpoint directory {checkpoint_dir} does not exist")
-    if output_dir.exists() and any(output_dir.iterdir()):
+    if output_dir.is_dir() and any(output_dir.iterdir()):
         raise UsageError(f"{output_dir} exists and is not empty", hint="choose a new --output directory")
+    check_output_dir(output_dir)  # before the model is loaded: below a file, a dangling link, unwritable
     if dtype is not None and dtype not in DTYPES:
         raise UsageError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
     tag_dir = _tag_dir(checkpoint_dir, tag)
@@ -170,17 +172,13 @@ def export_hf(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLike, 
     target = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}.get(dtype, saved_dtype)
     model.to(target)
 
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
-    try:
+    def fill(tmp: Path) -> None:
         model.save_pretrained(tmp)
         if not (tmp / "config.json").is_file():
             raise DstkError(f"save_pretrained wrote nothing into {tmp}")
-        if output_dir.exists():
-            output_dir.rmdir()  # empty, checked above
-        os.replace(tmp, output_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    # generate's writer: a hidden locked sibling, fsynced, renamed into place; a kill at any moment
+    # leaves no --output or the old empty one, and the next export removes the orphaned sibling.
+    write_files(output_dir, {}, force=False, fill=fill)
     return ExportResult(output_dir=output_dir, kind="pipeline" if is_pipeline else "zero", tag_dir=tag_dir,
                         num_tensors=len(state), num_params=sum(p.numel() for p in model.parameters()))

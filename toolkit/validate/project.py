@@ -100,8 +100,12 @@ def _load(path: str) -> dict | None:
     try:
         with open(path, "rb") as fh:
             data = tomllib.load(fh)
-    except tomllib.TOMLDecodeError as exc:
-        raise UsageError(f"{path}: not valid TOML ({exc})", hint="fix the file, or move [tool.dstk] out of it") from None
+    except tomllib.TOMLDecodeError as exc:  # a key given twice is one too: "Cannot overwrite a value (at line 3, ...)"
+        import re
+
+        at = re.search(r"at line (\d+), column (\d+)", str(exc))
+        raise UsageError(f"not valid TOML ({exc})", location=f"{path}:{at[1]}:{at[2]}" if at else path,
+                         hint="fix the file (a key given twice: keep one), or move [tool.dstk] out of it") from None
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}", hint="check its permissions") from None
     table = data.get("tool", {}).get("dstk") if isinstance(data.get("tool"), dict) else None

@@ -37,17 +37,21 @@ DEFAULTS: dict = {
 def read_training_args(path: str | os.PathLike) -> dict:
     """A ``training_args.json`` (``TrainingArguments.to_json_string()`` or dstk's export) as a dict."""
     from dstk.errors import UsageError
+    from dstk.intent import parse_user_text
 
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
+        with open(path, "rb") as fh:
+            raw = fh.read(1 << 20)
     except OSError as exc:
         raise UsageError(f"cannot read --training-args {path}: {exc.strerror or exc}",
                          hint="pass the training_args.json that dstk generate wrote, or "
                               "TrainingArguments.to_json_string() saved to a file") from None
-    except ValueError as exc:
-        raise UsageError(f"--training-args {path} is not JSON: {exc}",
-                         hint="save the arguments with TrainingArguments.to_json_string()") from None
+    if not raw.lstrip().startswith((b"{", b"[")):
+        raise UsageError(f"--training-args {path} is not JSON (it does not start with {{)",
+                         hint="save the arguments with TrainingArguments.to_json_string()")
+    # strict, as the intent: a duplicate key (json.load keeps the last silently), NaN, deep nesting: file:line
+    data, _lines = parse_user_text(raw, source=str(path), what="training arguments file",
+                                   example="TrainingArguments.to_json_string() saved to a file")
     if not isinstance(data, dict):
         raise UsageError(f"--training-args {path} holds a {type(data).__name__}, not a JSON object",
                          hint="save the arguments with TrainingArguments.to_json_string()")
