@@ -634,6 +634,51 @@ def why_lines(ordered: list[Candidate], *, usable_bytes: int, capacity_bytes: in
 # --- the search ---------------------------------------------------------------------------------
 
 
+def split_line(layout: Layout, estimate: Any, *, engine: str) -> str | None:
+    """The why line of an uneven pipeline split: decoder layers per stage as the estimate priced them
+    (``memory.per_stage[].num_layers``, ``dstk.estimate.stage_layers``) and the Megatron-LM arguments
+    ``generate`` writes for them (``dstk.render.megatron_args``: the layout's first/last stages; else
+    first/last when the middle stages are even, else ``--pipeline-model-parallel-layout``). Why: the
+    deepspeed engine's ``to_pipeline`` cuts ``partition="balanced"``, which weighs the embedding and
+    the output layer with its fp32 logits like decoder layers (``dstk.pipeline.partition``); Megatron
+    keeps the middle stages even and gives the ends the rest (``stage_splits``). None when even."""
+    from dstk.render import pipeline_layout_text
+
+    counts = [s.num_layers for s in estimate.memory.per_stage]
+    if layout.pp == 1 or len(counts) != layout.pp or len(set(counts)) <= 1:
+        return None
+    if layout.uneven_stages:
+        ends = (("first", layout.first_stage_layers), ("last", layout.last_stage_layers))
+    elif len(set(counts[1:-1])) <= 1:
+        ends = (("first", counts[0]), ("last", counts[-1]))
+    else:
+        ends = ()
+    args = (" ".join(f"--decoder-{end}-pipeline-num-layers {n}" for end, n in ends if n is not None) if ends
+            else f"--pipeline-model-parallel-layout {pipeline_layout_text(counts)}")
+    text = "/".join(map(str, counts)) if len(counts) <= 8 else ", ".join(
+        f"{len(run)} x {run[0]}" if len(run) > 1 else str(run[0])
+        for run in _runs(counts))
+    head = f"pipeline stages {text} layers"
+    if engine == "megatron":
+        chunks = f" x {layout.virtual_stages} chunks" if layout.virtual_stages > 1 else ""
+        return (f"{head} ({args}): {sum(counts)} layers do not split evenly over {layout.pp} stages{chunks}; "
+                f"Megatron keeps the middle stages even and the ends, which also hold the embedding (first) "
+                f"and the output layer (last), take the rest")
+    return (f"{head}: to_pipeline's balanced cut weighs the embedding (first stage) and the output layer "
+            f"with its fp32 logits (last stage) like decoder layers; megatron.args says it as {args}")
+
+
+def _runs(counts: list[int]) -> list[list[int]]:
+    """``[6, 8, 8, 8]`` -> ``[[6], [8, 8, 8]]``."""
+    out: list[list[int]] = []
+    for n in counts:
+        if out and out[-1][0] == n:
+            out[-1].append(n)
+        else:
+            out.append([n])
+    return out
+
+
 def host_line(search: Search, estimate: Any) -> str | None:
     """The why line about host RAM for a layout that offloads: the figure per node, and whether it
     was checked against the node's memory."""
@@ -700,8 +745,9 @@ def plan(*, search: Search, estimate: Callable[[Layout], Any], top: int | None =
             twin = dataclasses.replace(best, zero_stage=0, offload_optimizer="none", offload_params="none")
             why.append(dp1_zero_line(best, twin_bytes=estimate(twin).memory.per_gpu.total_bytes, usable_bytes=usable,
                                      zero_pinned=zero_pinned))
+        split = split_line(best, ordered[0].estimate, engine=search.constraints.engine)
         extra = host_line(search, ordered[0].estimate)
-        why += ([extra] if extra else []) + list(notes)
+        why += [line for line in (split, extra) if line] + list(notes)
         host = {"host_memory_bytes": search.host_memory_bytes}
         plans.append(Plan(layout=ordered[0].layout, estimate=ordered[0].estimate, why=tuple(why),
                           host_bytes_per_node=search.host_bytes_per_node(ordered[0].estimate), **host))
@@ -743,7 +789,8 @@ class Context:
         """(ZeRO buffers, why lines) that ``dstk generate`` writes for ``layout`` (``dstk.estimate.buckets``)."""
         from dstk.estimate.buckets import choose_buffers
 
-        return choose_buffers(model=self.model, layout=layout, training=self.training, cluster=self.cluster)
+        return choose_buffers(model=self.model, layout=layout, training=self.training, cluster=self.cluster,
+                              engine=self.intent.constraints.engine)
 
     def estimate(self, layout: Layout):
         """The estimate of ``layout`` with the buffers its generated config carries: the plan's figure
@@ -1007,8 +1054,10 @@ def plan_document(ctx: Context, result: PlanResult, *, index: int = 0) -> dict:
     chosen = result.plans[index]
     entry = chosen.to_dict()
     if index != 0:
-        entry["why"] = [f"picked by hand (--pick {index + 1}); the planner's choice was "
-                        f"{describe(result.plans[0].layout)}"] + entry["why"] + list(ctx.buffers(chosen.layout)[1])
+        split = split_line(chosen.layout, chosen.estimate, engine=ctx.intent.constraints.engine)
+        entry["why"] = ([f"picked by hand (--pick {index + 1}); the planner's choice was "
+                         f"{describe(result.plans[0].layout)}"] + entry["why"] + ([split] if split else [])
+                        + list(ctx.buffers(chosen.layout)[1]))
     cl = ctx.intent.cluster
     doc = {
         "dstk_version": __version__,

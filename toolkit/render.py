@@ -613,12 +613,15 @@ def _write_in_place(out: Path, shown: Path, files: dict[str, str]) -> list[Path]
     return written
 
 
-def write_files(directory: str | os.PathLike, files: dict[str, str], *, force: bool, fill=None) -> list[Path]:
+def write_files(directory: str | os.PathLike, files: dict[str, str], *, force: bool, fill=None,
+                keep_others: bool = True) -> list[Path]:
     """Write ``{name: text}`` as the directory ``directory``, complete or not at all.
 
     ``fill(tmp)``, when given, writes more into the temporary directory after ``files`` (``dstk
     export``: transformers' ``save_pretrained``, binary safetensors); what it wrote is fsynced
     (``_fsync_tree``) and counts as dstk's own (``--force`` replaces it). It cannot write ``-o .``.
+    ``keep_others=False`` carries nothing of the old directory over: the new one replaces it whole
+    (``dstk export --force``: no shard of an older export beside the new ones).
 
     The files go into a temporary sibling ``.NAME.dstk-tmp-XXXXXXXX`` (each fsynced), which is then
     renamed into place (rename(2) is atomic). Over an existing directory (``force``, or an empty
@@ -670,7 +673,7 @@ def write_files(directory: str | os.PathLike, files: dict[str, str], *, force: b
             fill(tmp)
             _fsync_tree(tmp)
         extra = sorted(set(os.listdir(tmp)) - set(files))
-        if old_mode is not None:
+        if old_mode is not None and keep_others:
             with os.scandir(out) as entries:
                 for entry in entries:
                     if entry.name not in files and entry.name not in extra and not _leftover_of(entry.name, files):

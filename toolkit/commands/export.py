@@ -11,9 +11,10 @@ HELP = "write a DeepSpeed pipeline or ZeRO checkpoint as an HF directory that fr
 DESCRIPTION = (
     "Read the checkpoint DeepSpeed's save_checkpoint wrote (the tag named in CHECKPOINT_DIR/latest unless --tag "
     "is given): per-layer files of a dstk pipeline, or a ZeRO checkpoint of the unwrapped HF model. Write "
-    "config.json and safetensors into --output, which must be new or empty; they are written into a hidden "
-    "sibling and renamed into place, so a killed export leaves no --output (or the old empty one), never a part "
-    "of one. The HF architecture comes from "
+    "config.json and safetensors into --output, which must be new or empty (--force replaces an earlier export "
+    "whole: a directory with a config.json and no subdirectories); they are written into a hidden sibling and "
+    "renamed into place (swapped in one step over an old one), so a killed export leaves no --output or the old "
+    "one, never a part of one or a mix of both. The HF architecture comes from "
     "--config, or from a config.json in the checkpoint directory. Exit 0 on success, 1 when the checkpoint does "
     "not match the architecture, a file of it is truncated or empty (the previous complete checkpoint is named), or "
     "`latest` points outside the directory, 2 on usage errors."
@@ -27,6 +28,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="the HF model the training started from (default: config.json beside the checkpoint)")
     parser.add_argument("--tag", help="checkpoint tag (subdirectory); default: the one in CHECKPOINT_DIR/latest")
     parser.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="dtype to save in (default: as saved)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an earlier export in --output whole (none of its files are kept)")
     parser.add_argument("--format", choices=["human", "json"], default="human")
 
 
@@ -45,7 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
     # DeepSpeed's logger (imported by transformers) writes to stdout; keep stdout for the report.
     with contextlib.redirect_stdout(sys.stderr):
-        result = export_hf(args.checkpoint_dir, args.output, config=args.config, tag=args.tag, dtype=args.dtype)
+        result = export_hf(args.checkpoint_dir, args.output, config=args.config, tag=args.tag, dtype=args.dtype,
+                           force=args.force)
     if args.format == "json":
         json.dump({"output_dir": str(result.output_dir), "kind": result.kind, "tag_dir": str(result.tag_dir),
                    "num_tensors": result.num_tensors, "num_params": result.num_params}, sys.stdout, indent=2)

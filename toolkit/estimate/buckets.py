@@ -59,8 +59,13 @@ def latency_bandwidth_elements(*, ranks: int, latency_s: float, bytes_per_s: flo
     return fraction / (1.0 - fraction) * n * alpha * bytes_per_s / element_bytes
 
 
-def choose_buffers(*, model, layout, training, cluster) -> tuple[mem.ZeroBuffers, tuple[str, ...]]:
+def choose_buffers(*, model, layout, training, cluster,
+                   engine: str = "deepspeed") -> tuple[mem.ZeroBuffers, tuple[str, ...]]:
     """DeepSpeed ZeRO buffer settings for ``layout`` and the why lines that explain them.
+
+    The parameters of one GPU are those of the fullest pipeline stage as ``engine`` splits the
+    layers (``dstk.estimate.stage_layers`` at ``training.seq_len``: DeepSpeed's balanced cut, or
+    Megatron's split), the same count the estimate prices.
 
     - ``reduce_bucket_size`` (and ``allgather_bucket_size``, the same): the latency-bandwidth
       floor of ``latency_bandwidth_elements`` over the data-parallel group (the link and latency
@@ -98,7 +103,9 @@ def choose_buffers(*, model, layout, training, cluster) -> tuple[mem.ZeroBuffers
     f = _model_facts(model)
     w = mem.param_bytes(training.precision)
     gpu = cluster.gpu
-    params = max(rank_params(model, layout, stage=i) for i in range(layout.pp))
+    tp_style = "megatron" if engine == "megatron" else "autotp"
+    params = max(rank_params(model, layout, stage=i, seq_len=training.seq_len, tp_style=tp_style)
+                 for i in range(layout.pp))
     bandwidth, latency = _bandwidth(group=layout.dp, stride=layout.tp, cluster=cluster)
     call = collective_latency(group=layout.dp, stride=layout.tp, cluster=cluster)
     floor = latency_bandwidth_elements(ranks=layout.dp, latency_s=latency, bytes_per_s=bandwidth, element_bytes=w,

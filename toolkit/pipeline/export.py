@@ -121,14 +121,31 @@ def _zero_state(checkpoint_dir: Path, tag_dir: Path) -> dict[str, Any]:
     return dict(module)
 
 
+def _check_replaceable(output_dir: Path, checkpoint_dir: Path) -> None:
+    """What ``--force`` may replace whole: an HF model directory (a ``config.json``, no
+    subdirectories: what ``save_pretrained`` writes) that does not hold the checkpoint being read;
+    a project or home directory given by mistake is refused, nothing is deleted."""
+    out, ckpt = os.path.realpath(output_dir), os.path.realpath(checkpoint_dir)
+    if ckpt == out or ckpt.startswith(out + os.sep):
+        raise UsageError(f"--output {output_dir} holds the checkpoint {checkpoint_dir}: --force would delete it",
+                         hint="export to a directory outside the checkpoint")
+    dirs = sorted(p.name for p in output_dir.iterdir() if p.is_dir() and not p.is_symlink())
+    if not (output_dir / "config.json").is_file() or dirs:
+        what = f"holds directories ({', '.join(dirs[:3])})" if dirs else "has no config.json"
+        raise UsageError(f"--output {output_dir} {what}: not an earlier export, so --force does not replace it",
+                         hint="choose a new --output directory, or remove that one yourself")
+
+
 def export_hf(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLike, *, config: Any = None,
-              tag: str | None = None, dtype: str | None = None) -> ExportResult:
+              tag: str | None = None, dtype: str | None = None, force: bool = False) -> ExportResult:
     """Write the weights of a DeepSpeed checkpoint as an HF directory (config, safetensors).
 
     ``config``: an HF config, or a directory/``config.json`` (default: the one in the checkpoint
     directory or its tag directory). ``dtype``: fp32/bf16/fp16 (default: as saved). Refuses to
-    write into a directory that exists and is not empty; writes all of it or nothing
-    (``dstk.render.write_files``: a temporary sibling renamed into place).
+    write into a directory that exists and is not empty unless ``force``, which replaces an earlier
+    export whole (``_check_replaceable``: an HF directory, not one holding the checkpoint); writes
+    all of it or nothing (``dstk.render.write_files``: a temporary sibling renamed into place, or
+    swapped with the old directory in one step, nothing of it carried over).
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -143,7 +160,10 @@ def export_hf(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLike, 
     if not checkpoint_dir.is_dir():
         raise UsageError(f"checkpoint directory {checkpoint_dir} does not exist")
     if output_dir.is_dir() and any(output_dir.iterdir()):
-        raise UsageError(f"{output_dir} exists and is not empty", hint="choose a new --output directory")
+        if not force:
+            raise UsageError(f"{output_dir} exists and is not empty",
+                             hint="choose a new --output directory, or pass --force to replace an earlier export")
+        _check_replaceable(output_dir, checkpoint_dir)
     check_output_dir(output_dir)  # before the model is loaded: below a file, a dangling link, unwritable
     if dtype is not None and dtype not in DTYPES:
         raise UsageError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -178,7 +198,8 @@ def export_hf(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLike, 
             raise DstkError(f"save_pretrained wrote nothing into {tmp}")
 
     # generate's writer: a hidden locked sibling, fsynced, renamed into place; a kill at any moment
-    # leaves no --output or the old empty one, and the next export removes the orphaned sibling.
-    write_files(output_dir, {}, force=False, fill=fill)
+    # leaves no --output or the old one (empty, or with --force the earlier export, whole), and the
+    # next export removes the orphaned sibling.
+    write_files(output_dir, {}, force=force, fill=fill, keep_others=False)
     return ExportResult(output_dir=output_dir, kind="pipeline" if is_pipeline else "zero", tag_dir=tag_dir,
                         num_tensors=len(state), num_params=sum(p.numel() for p in model.parameters()))
