@@ -394,6 +394,37 @@ Host localhost 127.0.0.1
     return server
 
 
+def sshd_fixture(*, scope: str = "module"):
+    """A pytest fixture (assign it in a test module: ``sshd = sshd_fixture()``) yielding an ``SshServer``,
+    or skipping with the reason where sshd cannot start. pytest is imported here, not at the top:
+    CI runs this file with the system python to install the packages."""
+    import pytest
+
+    @pytest.fixture(scope=scope)
+    def sshd(tmp_path_factory):
+        try:
+            server = start_sshd(tmp_path_factory.mktemp("sshd"))
+        except Unavailable as exc:
+            pytest.skip(f"no sshd for pdsh: {exc}")
+        yield server
+        server.stop()
+
+    return sshd
+
+
+def generate_two_node_run(root: Path, *, repo: Path, timeout_seconds: float = 120) -> tuple[Path, Path]:
+    """The tiny example generated for 2 nodes x 1 rank under ``root/run``, and ``root/hostfile`` naming this
+    machine twice (``localhost`` and ``127.0.0.1``: two "nodes" that pdsh reaches over the test sshd)."""
+    done = subprocess.run([sys.executable, "-m", "dstk", "generate", str(repo / "examples" / "intents" / "tiny-llama-cpu.yaml"),
+                           "--nodes", "2", "--gpus-per-node", "1", "--output", str(root / "run")],
+                          capture_output=True, text=True, timeout=timeout_seconds)
+    if done.returncode != 0:
+        raise AssertionError(done.stderr)
+    hostfile = root / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    return root / "run", hostfile
+
+
 if __name__ == "__main__":
     if sys.argv[1:] != ["install"]:
         raise SystemExit("usage: python tests/services.py install")

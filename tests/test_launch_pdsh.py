@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dstk.launch.run import RankExit, parse_report
-from tests.services import Unavailable, start_sshd
+from tests.services import generate_two_node_run, sshd_fixture
 
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT_SECONDS = 420  # a fresh machine builds DeepSpeed's ops on the first start (about 2 minutes)
@@ -34,27 +34,13 @@ time.sleep(1)
 """
 
 
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    try:
-        server = start_sshd(tmp_path_factory.mktemp("sshd"))
-    except Unavailable as exc:
-        pytest.skip(f"no sshd for pdsh: {exc}")
-    yield server
-    server.stop()
+sshd = sshd_fixture()
 
 
 @pytest.fixture(scope="module")
 def two_node_run(tmp_path_factory) -> tuple[Path, Path]:
     """The tiny example generated for 2 nodes x 1 rank, and a hostfile naming this machine twice."""
-    root = tmp_path_factory.mktemp("pdsh")
-    done = subprocess.run([sys.executable, "-m", "dstk", "generate", str(REPO / "examples" / "intents" / "tiny-llama-cpu.yaml"),
-                           "--nodes", "2", "--gpus-per-node", "1", "--output", str(root / "run")],
-                          capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    hostfile = root / "hostfile"
-    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
-    return root / "run", hostfile
+    return generate_two_node_run(tmp_path_factory.mktemp("pdsh"), repo=REPO)
 
 
 def launch(sshd, run: Path, hostfile: Path, *script: str, port: int) -> tuple[int, str]:

@@ -93,6 +93,10 @@ class LaunchSpec:
     """The plan is for CPU ranks (gloo), ``cluster.gpu == "cpu"``."""
     run_dir: str | None = None
     """The run directory (files such as ``.deepspeed_env`` are written there)."""
+    run_tag: str | None = None
+    """This launch's unique tag, given to every launcher process and rank as ``PYTHON_DSTK_RUN_TAG``
+    (``dstk.launch.nodefail``: how a failed node's launch stops the ranks of every node); ``run_launch``
+    makes one."""
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -105,6 +109,8 @@ class LaunchSpec:
             raise ValueError(f"master_port: expected 1..65535, got {self.master_port!r}")
         if not self.script:
             raise ValueError("script: empty")
+        if self.run_tag is not None and not re.fullmatch(r"[0-9a-f]{8,64}", self.run_tag):
+            raise ValueError(f"run_tag: expected 8-64 hex digits, got {self.run_tag!r}")
         object.__setattr__(self, "script_args", tuple(self.script_args))
         object.__setattr__(self, "hosts", tuple(self.hosts))
         env = self.env.items() if isinstance(self.env, dict) else self.env
@@ -241,6 +247,11 @@ def plan_launch(spec: LaunchSpec) -> LaunchPlan:
     files: dict[str, str] = {}
     master = _master_addr(spec, active)
     extra_env: dict[str, str] = {}
+    if spec.run_tag is not None:
+        from dstk.launch.nodefail import RUN_TAG_VAR
+
+        # In the runner's environment: it exports PYTHON* variables to every node (dstk.launch.nodefail).
+        extra_env[RUN_TAG_VAR] = spec.run_tag
     if spec.hosts and spec.write_hostfile:
         files[spec.hostfile] = render_hostfile(spec.hosts)
 

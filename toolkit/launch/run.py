@@ -138,8 +138,12 @@ def _default_sink(stream: str, line: str) -> None:
 
 
 def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
-             sink: Callable[[str, str], None] = _default_sink, check_locks: bool = True) -> LaunchResult:
-    """Write the plan's files, run its command, stream output through ``sink(stream, line)``."""
+             sink: Callable[[str, str], None] = _default_sink, check_locks: bool = True,
+             watch=None) -> LaunchResult:
+    """Write the plan's files, run its command, stream output through ``sink(stream, line)``.
+
+    ``watch``: a ``dstk.launch.nodefail.NodeWatch`` fed every output line, which stops every node's
+    ranks when one node fails (multi-node pdsh launches)."""
     if check_locks:
         check_op_locks()
     for path, text in plan.files.items():
@@ -156,6 +160,8 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
             line = raw.decode("utf-8", errors="replace")
             report = parse_report(line)
             with lock:
+                if watch is not None:
+                    watch.feed(line)  # may print the failure through sink: under the lock, as every line
                 if report is not None:
                     reports.append(report)
                 else:
@@ -174,6 +180,8 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
     threads = [threading.Thread(target=pump, args=(proc.stdout, "stdout"), daemon=True),
                threading.Thread(target=pump, args=(proc.stderr, "stderr"), daemon=True),
                threading.Thread(target=watch_builds, daemon=True)]
+    if watch is not None:
+        watch.start(proc)
     for t in threads:
         t.start()
     try:
@@ -253,8 +261,16 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
         _check_env_files(plan, sink)
     # With node_rank set only this node's ranks report here.
     expected = spec.world_size if spec.node_rank is None else 0
+    watch = None
+    if spec.launcher == "pdsh" and spec.hosts and spec.node_rank is None:
+        from dstk.launch.nodefail import NodeWatch, new_run_tag
+
+        spec = dataclasses.replace(spec, run_tag=spec.run_tag or new_run_tag())
+        plan = plan_launch(spec)
+        watch = NodeWatch(hosts=plan.active, tag=spec.run_tag, python=spec.python, cwd=os.getcwd(),
+                          env=dict(os.environ), sink=sink)
     try:
-        result = run_plan(plan, world_size=expected, expect_reports=spec.prefix_output, sink=sink)
+        result = run_plan(plan, world_size=expected, expect_reports=spec.prefix_output, sink=sink, watch=watch)
     finally:
         from dstk.launch.shm import remove_run_buffers
 
@@ -265,6 +281,16 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
         lost = spec.gpus_per_node - len(result.ranks)
         result = dataclasses.replace(result, returncode=result.returncode or 1,
                                      messages=result.messages + (f"{lost} rank(s) of this node did not report how they ended",))
+    if watch is not None:
+        watch.join(timeout=watch.grace_seconds + 90)
+        for message in watch.messages():
+            sink("stderr", f"dstk: {message}\n")
+        if watch.failure is not None and not any(r.returncode != 0 and not r.stopped for r in result.ranks):
+            # No rank report names the culprit (--no-prefix, or its wrapper died): exit with the failed node's
+            # code; the runner's is pdsh's largest, which counts the nodes dstk stopped (ssh gives 255 for a
+            # remote command ended by a signal).
+            result = dataclasses.replace(result, returncode=_exit_code(watch.failure.returncode), messages=tuple(
+                m for m in result.messages if not m.startswith("the runner exited with code")))
     for message in result.messages:
         sink("stderr", f"dstk: {message}\n")
     if result.returncode != 0:
