@@ -9,9 +9,11 @@ says ``base: SLUG``, so every field not written stays the catalog's.
 How each measurement becomes a field (training is synchronous: every figure is the slowest
 rank's, as ``dstk.launch.allreduce`` reports the slowest rank's time):
 
-- ``gemm_efficiency``: achieved FLOP/s of ``(m x d) @ (d x d)`` over the dense peak, keyed by
-  ``d`` = min(m, n, k) (``GPU.gemm_fraction``). The peak is the catalog's datasheet figure on a
-  GPU; a CPU rank has no datasheet peak, so its peak (``bf16_tflops`` etc. for the precision
+- ``gemm_efficiency``: achieved FLOP/s of the three GEMMs of a ``d x d`` linear layer over ``m``
+  tokens in training (forward, input and weight gradients: ``dstk.launch.measure``) over the
+  dense peak, keyed by ``d`` = min(m, n, k) (``GPU.gemm_fraction``); each shape's fastest of
+  interleaved rounds, so a burst of load on a shared host cannot sink one point of the curve.
+  The peak is the catalog's datasheet figure on a GPU; a CPU rank has no datasheet peak, so its peak (``bf16_tflops`` etc. for the precision
   measured) is the best GEMM of the sweep and the curve is relative to it. A GPU GEMM above the
   catalog peak means the catalog entry is not this device: the peak is raised to the measured
   figure and the report says so.
@@ -22,10 +24,13 @@ rank's, as ``dstk.launch.allreduce`` reports the slowest rank's time):
   figure), the link becomes the measured bus bandwidth at efficiency 1.
 - ``collective_latency_seconds``: the per-call cost of a collective (``fit_latency``: the least
   time an all-reduce of at most 1 MiB took beyond its bytes at the largest size's bus bandwidth).
+- ``layer_overhead_seconds``: the layer floor the ranks measured (``dstk.launch.measure``).
+- ``step_overhead_seconds``: the measured 1-layer step less what the time model prices for that
+  step with the profile's other figures (``priced_floor_step_seconds``: its layer, embedding,
+  head and loss, optimizer, gradient all-reduce), so that no part of a plan's step is priced twice.
 - Not measured, kept from the catalog: memory, ``achievable_fraction`` (the fallback for GEMMs
   when there is no curve), host link, overhead. The operator floor (one small operator's time)
-  is reported but is not a catalog field. ``step_overhead_seconds``: a 1-layer step minus the layer
-  floor (the fixed cost of a step: embedding, head, loss, the engine).
+  is reported but is not a catalog field.
 """
 
 from __future__ import annotations
@@ -83,6 +88,11 @@ class Measurements:
     """What one more (negligibly small) transformer layer adds to a training step, slowest rank."""
     step_fixed_seconds: float | None = None
     """A 1-layer step minus the layer floor: embedding, head, loss and the engine's fixed work."""
+    step_spread: float | None = None
+    """The 1-layer step's median batch over its fastest, slowest rank: how much other load slowed
+    the measurement (``LOADED_SPREAD``)."""
+    threads: int | None = None
+    """Intra-op threads of a rank (``torch.get_num_threads()``)."""
 
     def __post_init__(self) -> None:
         if self.precision not in _PEAK_KEY:
@@ -132,15 +142,18 @@ def from_rank_reports(*, measure: dict, allreduce: list[dict]) -> Measurements:
                 for r in sorted(allreduce, key=lambda r: r["size_bytes"]) if r.get("correct", True))
     floors = [r["layer_overhead_seconds"] for r in ranks if r.get("layer_overhead_seconds") is not None]
     floor = max(floors) if floors else None
-    fixed = None
+    fixed = spread = None
     if floor is not None:
         fixed = max(0.0, max(r["layer_steps"]["1"] for r in ranks if r.get("layer_steps")) - floor)
+        spreads = [r["layer_steps"]["median"]["1"] / r["layer_steps"]["1"] for r in ranks
+                   if (r.get("layer_steps") or {}).get("median") and r["layer_steps"]["1"] > 0]
+        spread = max(spreads) if spreads else None
     return Measurements(precision=measure["precision"], num_ranks=measure["world_size"], device=ranks[0]["device"],
                         backend=measure["backend"], gemm=tuple(points),
                         memory_bytes_per_s=min(r["memory_bytes_per_s"] for r in ranks),
                         op_seconds=max(r["op_seconds"] for r in ranks), allreduce=bus,
                         device_name=ranks[0].get("device_name"), layer_overhead_seconds=floor,
-                        step_fixed_seconds=fixed)
+                        step_fixed_seconds=fixed, step_spread=spread, threads=ranks[0].get("threads"))
 
 
 def _allreduce_seconds(point: BusPoint, num_ranks: int) -> float:
@@ -166,9 +179,51 @@ def fit_latency(*, points: tuple[BusPoint, ...], num_ranks: int) -> float | None
                         for p in small))
 
 
+LOADED_SPREAD = 2.0
+"""A 1-layer step whose median batch took over this many times its fastest was measured beside other
+load: the profile keeps the fastest (the host unloaded) and says that a run under that load is
+slower. Seen on this 2-core machine under load average 2 from other work: 1.2-1.5x with one thread a
+rank, 7x with one rank of two OpenMP threads, whose every operator waits for the thread another
+process holds (the tiny Llama's step 10.7 ms with one thread, 465 ms with two)."""
+
 LATENCY_MAX_BYTES = 2**20
 """Sizes up to 1 MiB give the latency: there the fixed cost is most of the time (a gloo all-reduce of
 16 KiB-1 MiB: 0.3-0.8 ms, nearly flat; NCCL's 8 KiB on NVLink ~10 us, 1 MiB ~15 us)."""
+
+
+def _floor_model() -> str:
+    from dstk.launch.measure import FLOOR_MODEL as f
+
+    return (f"hidden {f['hidden_size']}, ffn {f['intermediate_size']}, vocab {f['vocab_size']}, "
+            f"{f['micro_batch']} x {f['seq_len']} tokens")
+
+
+def priced_floor_step_seconds(*, gpu: GPU, num_ranks: int, precision: str) -> float:
+    """What the step time model (``dstk.estimate.estimate``, the planner's) prices for the 1-layer step
+    of ``dstk.launch.measure.FLOOR_MODEL`` that the ranks timed (ZeRO 0 over ``num_ranks`` ranks, one
+    micro-batch of ``micro_batch x seq_len`` tokens), with ``gpu``'s figures: its layer at the floor,
+    the embedding, the head and loss, the optimizer step and the gradient all-reduce."""
+    from dstk.estimate import estimate
+    from dstk.hardware import Cluster, get_interconnect, default_interconnect
+    from dstk.layout import Layout
+    from dstk.launch.measure import FLOOR_MODEL as f
+    from dstk.models.spec import ModelSpec
+    from dstk.intent import intent_from_dict
+
+    spec = ModelSpec.generic(num_layers=1, hidden_size=f["hidden_size"], num_heads=f["num_attention_heads"],
+                             vocab_size=f["vocab_size"], ffn_hidden_size=f["intermediate_size"],
+                             num_kv_heads=f["num_key_value_heads"])
+    training = intent_from_dict({
+        "model": {"num_layers": 1, "hidden_size": f["hidden_size"], "num_heads": f["num_attention_heads"],
+                  "num_kv_heads": f["num_key_value_heads"], "ffn_hidden_size": f["intermediate_size"],
+                  "vocab_size": f["vocab_size"]},
+        "cluster": {"num_nodes": 1, "gpus_per_node": num_ranks, "gpu": gpu.slug},
+        "training": {"seq_len": f["seq_len"], "global_batch": f["micro_batch"] * num_ranks, "precision": precision,
+                     "train_steps": 2, "warmup_steps": 1}}, source="dstk.calibrate").training.to_training()
+    cluster = Cluster(num_nodes=1, gpus_per_node=num_ranks, gpu=gpu,
+                      interconnect=get_interconnect(default_interconnect(gpu.slug)))
+    layout = Layout(dp=num_ranks, micro_batch=f["micro_batch"], grad_accum=1)
+    return estimate(model=spec, layout=layout, training=training, cluster=cluster).time.step_seconds
 
 
 def build_profile(*, base: GPU, measured: Measurements, name: str | None = None) -> Profile:
@@ -203,8 +258,9 @@ def build_profile(*, base: GPU, measured: Measurements, name: str | None = None)
     m_note = ", ".join(str(m) for m in sorted({p.m for p in measured.gemm}))
     figures.append(Figure(key="gemm_efficiency", value=[[int(d), f] for d, f in points], source="measured",
                           note=f"share of the {measured.precision} peak ({peak / TFLOP:.4g} TFLOP/s"
-                               f"{', catalog' if peak == catalog_peak and not base.is_cpu else ''}) per GEMM "
-                               f"(m x d) @ (d x d), m = {m_note}, keyed by d; slowest of {measured.num_ranks} rank(s)"))
+                               f"{', catalog' if peak == catalog_peak and not base.is_cpu else ''}) of a d x d "
+                               f"linear layer's forward + backward GEMMs over m = {m_note} tokens, keyed by d; "
+                               f"fastest of interleaved rounds, slowest of {measured.num_ranks} rank(s)"))
     if measured.memory_bytes_per_s:
         changes["hbm_bytes_per_s"] = measured.memory_bytes_per_s
         figures.append(Figure(key="hbm_gbps", value=_sig(measured.memory_bytes_per_s / GB), source="measured",
@@ -214,10 +270,13 @@ def build_profile(*, base: GPU, measured: Measurements, name: str | None = None)
         changes["layer_overhead_seconds"] = _sig(measured.layer_overhead_seconds, 3)
         figures.append(Figure(key="layer_overhead_seconds", value=changes["layer_overhead_seconds"],
                               source="measured",
-                              note="what one more layer adds to a DeepSpeed step of a minimal Llama (hidden 32, 32 "
-                                   "tokens; 1 vs 5 layers) whatever its FLOPs: operator dispatch/launch, slowest rank"))
+                              note=f"what one more layer adds to a DeepSpeed step of a small Llama ({_floor_model()}; "
+                                   "1 vs 5 layers), its FLOPs a few percent of it: operator dispatch/launch, "
+                                   "slowest rank"))
+    step_fixed_index = None
     if measured.step_fixed_seconds is not None:
         changes["step_overhead_seconds"] = _sig(measured.step_fixed_seconds, 3)
+        step_fixed_index = len(figures)
         figures.append(Figure(key="step_overhead_seconds", value=changes["step_overhead_seconds"], source="measured",
                               note="a 1-layer DeepSpeed step minus the layer floor: embedding, head, loss and the "
                                    "engine's fixed work, slowest rank"))
@@ -254,8 +313,38 @@ def build_profile(*, base: GPU, measured: Measurements, name: str | None = None)
     if "collective_latency_seconds" not in changes:
         figures.append(Figure(key="collective_latency_seconds", value=base.collective_latency_seconds, source="catalog",
                               note="per-call collective latency, not measured (one rank, or one all-reduce size)"))
+    if measured.step_spread is not None and measured.step_spread > LOADED_SPREAD:
+        threads = (f"; each of the {measured.num_ranks} rank(s) ran {measured.threads} threads: where ranks x threads "
+                   "fill the cores, every operator waits for a thread another process holds (OMP_NUM_THREADS=1 "
+                   "avoids it)" if measured.device == "cpu" and measured.threads and measured.threads > 1 else "")
+        warnings.append(f"other load slowed the measurement (the 1-layer step's median {measured.step_spread:.1f}x its "
+                        f"fastest): the profile keeps the fastest figures, the host unloaded; a run beside that load "
+                        f"will be up to that much slower{threads}. Calibrate on an idle host for figures that hold")
     label = name or f"{base.name}, calibrated"
     gpu = base.replace(name=label, **changes)
+    if step_fixed_index is not None and measured.layer_overhead_seconds is not None:
+        # The step's fixed cost is what the measured 1-layer step leaves once the time model has priced
+        # the rest of that step with this profile's other figures (its layer, head, loss, optimizer and
+        # gradient all-reduce): those parts are priced again in every plan, so they must not sit in the
+        # step's fixed cost too.
+        from dstk.errors import DstkError
+
+        one = measured.step_fixed_seconds + measured.layer_overhead_seconds
+        try:
+            priced = priced_floor_step_seconds(gpu=gpu.replace(step_overhead_seconds=0.0),
+                                               num_ranks=measured.num_ranks, precision=measured.precision)
+        except (ValueError, DstkError) as exc:  # keep the plain difference rather than lose the measurement
+            priced = None
+            warnings.append(f"step_overhead_seconds: the time model could not price the floor's step ({exc}); "
+                            "kept the 1-layer step minus the layer floor")
+    if step_fixed_index is not None and measured.layer_overhead_seconds is not None and priced is not None:
+        fixed = _sig(max(0.0, one - priced), 3)
+        gpu = gpu.replace(step_overhead_seconds=fixed)
+        figures[step_fixed_index] = Figure(
+            key="step_overhead_seconds", value=fixed, source="measured",
+            note=f"the measured 1-layer DeepSpeed step of the floor's Llama ({one * 1e3:.4g} ms, slowest rank) less "
+                 f"what the time model prices for it with the figures above ({priced * 1e3:.4g} ms: its layer, "
+                 "embedding, head and loss, optimizer, gradient all-reduce): the engine's fixed work")
     written = {f.key for f in figures}
     for key_, value, note in (("memory_gib", gpu.memory_bytes / 2**30, "device memory"),
                               ("achievable_fraction", gpu.achievable_fraction, "share of peak where no curve applies"),
