@@ -313,7 +313,7 @@ def test_published_runs_benchmark():
     # With the schedules the authors ran (3 and 4 virtual stages), the 2021 PTD-P runs sustained
     # ~6.6% less per micro-batch than the 2022 runs of the same 530B layout, and paid a larger
     # fixed cost per iteration: dstk is too fast on all of them, more so with more DP replicas.
-    assert all(0 < r.error <= 0.15 for r in ptdp)
+    assert all(0 < r.error <= 0.10 for r in ptdp)  # 0.15 before GEMM wave quantization
     by_model = {m: [r.error for r in ptdp if f" {m} " in r.label] for m in ("175B", "530B")}
     assert all(errors == sorted(errors) for errors in by_model.values())
 

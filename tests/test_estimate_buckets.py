@@ -49,11 +49,11 @@ def test_tiny_cpu_gets_one_bucket_for_all_its_gradients(zero):
     assert rank_params(_tiny(), layout) == TINY_PARAMS
     assert buffers.reduce_bucket_size == buffers.allgather_bucket_size == TINY_PARAMS  # exactly: one bucket
     assert not buffers.overlap_comm  # one bucket: nothing to overlap, no second buffer (ZeRO-2 too)
-    assert "capped by all 1.4e5 parameters" in why[0] and "1 ms a call" in why[0] and "4.5e6" in why[0]
+    assert "capped by all 1.4e5 parameters" in why[0] and "500 us a call" in why[0] and "2.3e6" in why[0]
     calls = st.collective_calls(zero_stage=zero, dp=2, tp=1, pp=1, grad_accum=1, stage_layers=2,
                                 trainable_params=TINY_PARAMS, reduce_bucket_size=buffers.reduce_bucket_size)
     assert calls.dp_buckets == 1
-    # the predicted step: 3 calls (1 ms each) fewer than with the 4.6e4-element buckets of the 5 us rule
+    # the predicted step: 3 calls (0.5 ms each) fewer than with the 4.6e4-element buckets of the 5 us rule
     old = mem.ZeroBuffers(reduce_bucket_size=46_000, allgather_bucket_size=46_000, overlap_comm=zero == 2)
 
     def step(b):

@@ -276,7 +276,9 @@ def test_stop_tagged_signals_only_the_runs_processes(tmp_path):
     sleeper = [sys.executable, "-c", "import signal, sys, time\n"
                                      "if sys.argv[1] == 'stubborn': signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
                                      "print('up', flush=True); time.sleep(120)"]
-    procs = {name: subprocess.Popen(sleeper + [name], env={**os.environ, **env}, stdout=subprocess.PIPE, text=True)
+    # An earlier in-process DeepSpeed test may have left LOCAL_RANK in this process's environment.
+    base = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", RUN_TAG_VAR)}
+    procs = {name: subprocess.Popen(sleeper + [name], env={**base, **env}, stdout=subprocess.PIPE, text=True)
              for name, env in (("rank", {RUN_TAG_VAR: tag, "LOCAL_RANK": "0"}),
                                ("stubborn", {RUN_TAG_VAR: tag, "LOCAL_RANK": "1"}),
                                ("other-run", {RUN_TAG_VAR: other, "LOCAL_RANK": "0"}),

@@ -17,6 +17,8 @@ Sources of the default figures:
   TFLOP/s = 85.9%, H100 SXM 80.1%, H100/H200 SXM 80.3%, B200 77.6%, MI250X 76.7%, MI300X 60.1%;
   0.75 assumed for V100, A10, L40S and H100 PCIe, which the table lacks). Nothing in it is fitted to
   the published runs the time model is checked against (``benchmarks/estimate_published.py``);
+- ``num_sms``: the SM count of the datasheet, for wave quantization (NVIDIA's Matrix Multiplication
+  Background User's Guide counts waves of 108 tiles of 256 x 128 on A100); set for A100 only;
 - ``Interconnect.efficiency`` of InfiniBand: ``IB_EFFICIENCY`` (NCCL's measured bus bandwidth
   between nodes over the line rate, nccl-tests issues cited there);
 - ``achievable_fraction``: the share of peak for a model known only by its parameter count (no
@@ -72,6 +74,10 @@ class GPU:
     ``dim``, the smallest of the GEMM's three dimensions (m, n, k); read log-linearly between
     points and clamped outside them (``gemm_fraction``). None: ``achievable_fraction`` for every
     GEMM."""
+    num_sms: int | None = None
+    """Streaming multiprocessors: how many output tiles of a GEMM run at once (one wave), what
+    wave quantization counts (``dstk.estimate.steptime.wave_fraction``). None: not priced (the
+    ``gemm_efficiency`` curve alone)."""
     layer_overhead_seconds: float = 0.0
     """Floor on one transformer layer's forward + backward per micro-batch, whatever its FLOPs and
     bytes: operator dispatch and kernel launches (~100 operators a layer). Negligible on a GPU
@@ -82,6 +88,21 @@ class GPU:
     embedding, head and loss, and the engine's own bookkeeping (measured at one micro-batch per step,
     so priced once per step). 0 in the catalog: negligible on a GPU, and the ``cpu`` entry folds it
     into ``layer_overhead_seconds``; ``dstk doctor --calibrate`` measures both."""
+    zero_tensor_seconds: float = 0.0
+    """ZeRO-1/2's own host work per parameter tensor and micro-batch, apart from communication:
+    DeepSpeed 0.19.8's gradient hook per parameter (``stage_1_and_2.py``
+    ``create_gradient_handling_hooks`` -> ``reduce_ready_partitions_and_remove_grads``) copying
+    each gradient into the flat bucket and partition (``steptime.zero_overhead_seconds``). 0 in
+    the catalog for GPUs (host Python beside asynchronous kernels at training sizes); measured
+    for the ``cpu`` entry (``benchmarks/zero_dp1_cost.py --one-rank``)."""
+    zero3_tensor_seconds: float = 0.0
+    """ZeRO-3's own host work per parameter tensor and micro-batch, apart from its collectives:
+    the module hooks' fetch/release bookkeeping (``parameter_offload.py``
+    ``_register_deepspeed_module``: pre/post forward and backward hooks on every module;
+    ``partitioned_param_coordinator.py`` ``fetch_sub_module``/``release_sub_module``), the
+    partition/gather copies and the gradient hook per parameter; paid even over one
+    data-parallel rank. 0 in the catalog for GPUs (see ``zero_tensor_seconds``); measured for
+    the ``cpu`` entry."""
 
     collective_latency_seconds: float = 10e-6
     """Fixed cost of one collective call inside the node, whatever its size (the alpha of
@@ -103,9 +124,13 @@ class GPU:
                 raise ValueError("gemm_efficiency: expected [dim, fraction] points with dim > 0 increasing "
                                  f"and fraction in (0, 1], got {self.gemm_efficiency!r}")
             object.__setattr__(self, "gemm_efficiency", points)
-        for name in ("layer_overhead_seconds", "step_overhead_seconds", "collective_latency_seconds"):
+        for name in ("layer_overhead_seconds", "step_overhead_seconds", "collective_latency_seconds",
+                     "zero_tensor_seconds", "zero3_tensor_seconds"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name}: expected a number >= 0, got {getattr(self, name)!r}")
+        if self.num_sms is not None and (isinstance(self.num_sms, bool) or not isinstance(self.num_sms, int)
+                                         or self.num_sms <= 0):
+            raise ValueError(f"num_sms: expected a positive whole number, got {self.num_sms!r}")
         if self.hbm_bytes_per_s is not None and not self.hbm_bytes_per_s > 0:
             raise ValueError(f"hbm_bytes_per_s: expected a positive number, got {self.hbm_bytes_per_s!r}")
         for name in ("achievable_fraction", "intra_node_efficiency"):
@@ -161,7 +186,10 @@ class Interconnect:
     collective_latency_seconds: float = 25e-6
     """Fixed cost of one collective call across nodes (``GPU.collective_latency_seconds`` inside
     one): NCCL's own tuning model puts a 4-8 KiB all-reduce between H100 nodes over InfiniBand at
-    25.9 us (NCCL_DEBUG output in NVIDIA/nccl#1453); 25 us for InfiniBand, more for TCP."""
+    25.9 us (NCCL_DEBUG output in NVIDIA/nccl#1453); 25 us for InfiniBand, more for TCP. On GPUs it
+    is a floor: a call over many nodes costs what NCCL's model says for its ring or tree
+    (``dstk.estimate.steptime.collective_latency``: ~2-5 ms for a ring over 128 nodes); a
+    pipeline send pays this figure."""
 
     def __post_init__(self) -> None:
         if not self.node_bytes_per_s > 0:
@@ -196,7 +224,7 @@ def roofline_curve(*, peak_tflops: float, hbm_gbps: float, mamf: float,
 
 
 def _gpu(slug, name, mem_gib, bf16, fp16, fp32, link_gb, host_gb, frac=0.5, link_eff=0.8, overhead_gib=1.0,
-         hbm_gb=None, mamf=None):
+         hbm_gb=None, mamf=None, sms=None):
     curve = None
     if hbm_gb is not None and mamf is not None:
         curve = roofline_curve(peak_tflops=bf16 if bf16 is not None else fp16, hbm_gbps=hbm_gb, mamf=mamf)
@@ -204,18 +232,23 @@ def _gpu(slug, name, mem_gib, bf16, fp16, fp32, link_gb, host_gb, frac=0.5, link
                fp16_flops=fp16 * TFLOP, fp32_flops=fp32 * TFLOP, intra_node_bytes_per_s=link_gb * GB,
                host_bytes_per_s=host_gb * GB, achievable_fraction=frac, intra_node_efficiency=link_eff,
                overhead_bytes=int(overhead_gib * GiB),
-               hbm_bytes_per_s=None if hbm_gb is None else hbm_gb * GB * HBM_SUSTAINED, gemm_efficiency=curve)
+               hbm_bytes_per_s=None if hbm_gb is None else hbm_gb * GB * HBM_SUSTAINED, gemm_efficiency=curve,
+               num_sms=sms)
 
 
 # hbm_gb: datasheet bandwidth (GB/s); mamf: Bekman's MAMF table (ml-engineering, compute/accelerator,
 # bf16 matmul: A100 SXM 85.9%, H100 SXM 80.1%, H100/H200 SXM 80.3%, B200 77.6%, MI250X 76.7%,
 # MI300X 60.1%); where the table has no row (V100, A10, L40S, H100 PCIe) 0.75 is assumed.
+# sms: the A100's 108 SMs, the wave NVIDIA's Matrix Multiplication Background User's Guide
+# ("Wave quantization") counts with 256 x 128 tiles; the other GPUs' waves are not priced (None).
 GPUS: dict[str, GPU] = {g.slug: g for g in (
     _gpu("v100-32gb", "NVIDIA V100 SXM2 32GB", 32, None, 125, 15.7, 150, 16, frac=0.45, hbm_gb=900, mamf=0.75),
     _gpu("a10", "NVIDIA A10 24GB", 22.5, 125, 125, 31.2, 32, 32, frac=0.4, link_eff=0.7, hbm_gb=600, mamf=0.75),
     _gpu("l40s", "NVIDIA L40S 48GB", 45, 362, 362, 91.6, 32, 32, frac=0.4, link_eff=0.7, hbm_gb=864, mamf=0.75),
-    _gpu("a100-40gb", "NVIDIA A100 SXM4 40GB", 40, 312, 312, 19.5, 300, 32, frac=0.55, hbm_gb=1555, mamf=0.859),
-    _gpu("a100-80gb", "NVIDIA A100 SXM4 80GB", 80, 312, 312, 19.5, 300, 32, frac=0.55, hbm_gb=2039, mamf=0.859),
+    _gpu("a100-40gb", "NVIDIA A100 SXM4 40GB", 40, 312, 312, 19.5, 300, 32, frac=0.55, hbm_gb=1555, mamf=0.859,
+         sms=108),
+    _gpu("a100-80gb", "NVIDIA A100 SXM4 80GB", 80, 312, 312, 19.5, 300, 32, frac=0.55, hbm_gb=2039, mamf=0.859,
+         sms=108),
     _gpu("h100-sxm", "NVIDIA H100 SXM5 80GB", 79.6, 989, 989, 67, 450, 64, frac=0.45, hbm_gb=3350, mamf=0.801),
     _gpu("h100-pcie", "NVIDIA H100 PCIe 80GB", 79.6, 756, 756, 51, 64, 64, frac=0.42, link_eff=0.7, hbm_gb=2000,
          mamf=0.75),
@@ -232,12 +265,20 @@ GPUS: dict[str, GPU] = {g.slug: g for g in (
     # in one process whatever its FLOPs; two DeepSpeed ranks sharing the two cores (the README's
     # fine-tune, ZeRO-0, micro-batch 4) ran 32.6 ms a step, ~14 ms a layer: the floor is that
     # figure. A gloo all-reduce of 4 KiB-1 MiB between the two ranks took 0.3-0.8 ms alone (dstk.launch.allreduce)
-    # and 3.1 ms inside a DeepSpeed step (cProfile, load ~10), where each call waits for the other rank:
-    # 1 ms per collective. Orders of magnitude: `dstk doctor --calibrate` or --hardware FILE replaces them.
+    # and 3.1 ms inside a DeepSpeed step (cProfile, load ~10), where each call waits for the other rank.
+    # At load 3, 300 back-to-back calls of 4 KiB took a median 0.19-0.28 ms (all-reduce, all-gather,
+    # reduce-scatter); inside a step a call also waits out the ranks' skew: dp=2 ZeRO-3 minus ZeRO-0,
+    # less ZeRO-3's own work (below), over its ~18-23 calls, gave 0.3-0.9 ms a call in four runs
+    # (mean 0.55): 0.5 ms per collective (it was 1 ms, from the loaded runs).
+    # Orders of magnitude: `dstk doctor --calibrate` or --hardware FILE replaces them.
+    # ZeRO's own work on one rank with no collective (`benchmarks/zero_dp1_cost.py --one-rank`, best of
+    # 20 rounds, three runs at load 2-4, tiny / 4-layer / h=128 Llamas): ZeRO-3 over ZeRO-0 +10-22 ms,
+    # 0.57 ms a parameter tensor (least squares through 0): 0.6; ZeRO-1/2 -1.5 to +6 ms: 0.05 ms a tensor.
     dataclasses.replace(
         _gpu("cpu", "CPU rank (gloo)", 8, 0.3, 0.3, 0.075, 2, 10, frac=0.5, link_eff=0.5, overhead_gib=0.5),
         hbm_bytes_per_s=35 * GB, gemm_efficiency=((64.0, 0.08), (256.0, 0.8), (512.0, 1.0)),
-        layer_overhead_seconds=0.014, collective_latency_seconds=1e-3),
+        layer_overhead_seconds=0.014, collective_latency_seconds=5e-4,
+        zero_tensor_seconds=5e-5, zero3_tensor_seconds=6e-4),
 )}
 
 IB_EFFICIENCY = 0.92

@@ -498,7 +498,7 @@ def tie_reason(winner: Candidate, other: Candidate, *, usable_bytes: int | None)
 def idle_zero_text(layout: Layout) -> str:
     """Why a faster layout with ZeRO over one data-parallel rank (``shards_nothing``) was passed over."""
     return (f"ZeRO-{layout.zero_stage} over one data-parallel rank shards nothing and still runs its hooks and "
-            f"copies, which the estimate does not price; pin --dp 1 to run it anyway, or --zero 0 for that layout")
+            f"copies (the estimate prices them on CPU ranks only); pin --dp 1 to run it anyway, or --zero 0 for that layout")
 
 
 def dp1_zero_line(layout: Layout, *, twin_bytes: int | None, usable_bytes: int, zero_pinned: bool) -> str | None:
@@ -516,7 +516,7 @@ def dp1_zero_line(layout: Layout, *, twin_bytes: int | None, usable_bytes: int, 
         return f"{line}: its value here is the {offload} offload{pins}"
     if twin is not None and twin_bytes > usable_bytes:
         return f"{line}: it is kept for memory ({twin}){pins}"
-    line += " and still runs its hooks and copies, which the estimate does not price"
+    line += " and still runs its hooks and copies (the estimate prices them on CPU ranks only)"
     if twin is None:
         return line + pins
     return f"{line}{pins}: drop --zero {z} ({twin})" if zero_pinned else f"{line}; it wins on headroom only ({twin})"

@@ -4,8 +4,10 @@
 step around it:
 
 - **matrix multiplies** at the share of peak the GPU reaches for their shape (``GPU.gemm_fraction``
-  of the GEMM's smallest dimension: the curve in the hardware catalog); the backward pass runs two
-  GEMMs of the same three dimensions per forward GEMM (input and weight gradients);
+  of the GEMM's smallest dimension: the curve in the hardware catalog) times the share of its
+  waves its output tiles fill (``wave_fraction``, where the catalog gives ``num_sms``); the backward
+  pass runs two GEMMs of the same three dimensions per forward GEMM (input and weight gradients),
+  each with its own output shape and waves;
 - **memory-bound operators** (norms, activation, residual/dropout, rotary, softmax, the loss and
   the optimizer step) at the sustained HBM bandwidth (``timing.memory_seconds``);
 - **attention** by its kernel: eager (and SDPA's math path on CPU ranks) runs ``QK^T`` and ``AV``
@@ -29,10 +31,14 @@ step around it:
 - **PP** point-to-point per micro-batch and boundary (x v interleaved) and the bubble
   ``(p - 1)/(m v)`` of the stage time (Narayanan et al. 2021 §2.2);
 - **DP**: see ``_dp_exposed_seconds`` and ``zero3_step_seconds``;
-- **per-call latency**: every collective the layout issues (``collective_calls``) costs
-  ``collective_latency_seconds`` whatever its size; the ZeRO buckets' latency hides with their
-  bytes under ``overlap_comm`` on a GPU, the calls after backward are exposed, and a CPU rank
-  overlaps nothing (what prices small-bucket ZeRO on gloo).
+- **per-call latency**: every collective the layout issues (``collective_calls``) costs NCCL's
+  latency for its kind, group and size (``collective_latency``: it grows with the ring, 32 us
+  over a node to ~2-5 ms over 1024 GPUs), less the ring alpha its bytes' formula already priced
+  (``latency_extra_seconds``); gloo's flat measured figure on CPU ranks; the ZeRO buckets'
+  latency hides with their bytes under ``overlap_comm`` on a GPU, the calls after backward are
+  exposed, and a CPU rank overlaps nothing (what prices small-bucket ZeRO on gloo);
+- **ZeRO's own work** (``zero_overhead_seconds``): its hooks and copies per parameter tensor and
+  micro-batch, at dp = 1 too (measured on CPU ranks, 0 on GPUs).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import math
 
 from dstk.estimate import memory as mem
 from dstk.estimate import timing as tm
@@ -47,6 +54,36 @@ from dstk.estimate import timing as tm
 FLASH_FRACTION = 0.75
 """FlashAttention's rate relative to a dense GEMM of the same size (FlashAttention-2, Dao 2023:
 50-73% of A100's peak, where cuBLAS reaches ~80-86%, Bekman's MAMF table)."""
+
+WAVE_TILE = (256, 128)
+"""Output tile of one thread block of a large 16-bit GEMM, one per SM at a time: the tile NVIDIA's
+Matrix Multiplication Background User's Guide ("Dimension quantization effects", "Wave
+quantization") uses for A100, whose 108 SMs then run 108 tiles per wave."""
+
+
+def wave_fraction(*, m: float, n: float, num_sms: int | None) -> float:
+    """Share of its waves a GEMM with an ``m x n`` output keeps busy: its ``ceil(m/256) ceil(n/128)``
+    tiles (``WAVE_TILE``) run ``num_sms`` at a time, and the last, partial wave takes as long as a
+    full one, so the GEMM runs at ``tiles / (num_sms * ceil(tiles / num_sms))`` of the rate of one
+    whose tiles fill its waves (NVIDIA's Matrix Multiplication Background User's Guide, "Wave
+    quantization": on an A100, 109 tiles take two waves, as 216 do). The ``gemm_efficiency``
+    curve's asymptote is Bekman's MAMF, the best rate over a sweep of shapes, i.e. of full waves,
+    so the two multiply. 1 below one wave (cuBLAS then splits K or takes smaller tiles; the curve
+    prices such small GEMMs) and where ``num_sms`` is unknown. Not modelled: cuBLAS picking another
+    tile or split-K above one wave (a 1.33-wave output may run better than this says)."""
+    if not num_sms:
+        return 1.0
+    tiles = math.ceil(m / WAVE_TILE[0]) * math.ceil(n / WAVE_TILE[1])
+    if tiles <= num_sms:
+        return 1.0
+    return tiles / (num_sms * math.ceil(tiles / num_sms))
+
+
+def _gemm_seconds(*, m: float, n: float, k: float, gpu, peak_flops: float) -> float:
+    """One ``(m x k) @ (k x n)`` GEMM: ``GPU.gemm_fraction`` of its smallest dimension times its
+    ``wave_fraction``."""
+    fraction = gpu.gemm_fraction(min(m, n, k)) * wave_fraction(m=m, n=n, num_sms=gpu.num_sms)
+    return tm.gemm_seconds(m=m, n=n, k=k, peak_flops=peak_flops, fraction=fraction)
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
@@ -66,9 +103,15 @@ class LayerSeconds:
     """The attention kernel is FlashAttention: its backward recomputes the scores (2.5x the
     forward's FLOPs, Dao 2023 §3.1), and there is nothing for selective recompute to repeat."""
     column_gemm: float = 0.0
-    """Forward seconds of the column-parallel GEMMs (QKV and MLP in), part of ``gemm``: in backward
-    each runs a weight-gradient GEMM of the same size, which Megatron overlaps with the TP
-    collective of its input gradient (``MegatronKernels.async_tp_backward``)."""
+    """Seconds of the column-parallel layers' (QKV and MLP in) weight-gradient GEMMs, part of
+    ``backward_gemm``, which Megatron overlaps with the TP collective of their input gradient
+    (``MegatronKernels.async_tp_backward``)."""
+    backward_gemm: float | None = None
+    """The projections' backward: per forward GEMM ``T x k x n`` an input-gradient GEMM with a
+    ``T x k`` output and a weight-gradient GEMM with a ``k x n`` output over ``K = T``, each
+    with its own wave quantization (``wave_fraction``). None: ``2 gemm``."""
+    backward_scores_memory: float | None = None
+    """Softmax/dropout backward over the scores (eager only). None: ``2 scores_memory``."""
 
     @property
     def forward(self) -> float:
@@ -76,7 +119,9 @@ class LayerSeconds:
 
     @property
     def backward(self) -> float:
-        return 2.0 * (self.gemm + self.scores_memory + self.elementwise) + (2.5 if self.flash else 2.0) * self.attention
+        gemm = 2.0 * self.gemm if self.backward_gemm is None else self.backward_gemm
+        scores = 2.0 * self.scores_memory if self.backward_scores_memory is None else self.backward_scores_memory
+        return gemm + scores + 2.0 * self.elementwise + (2.5 if self.flash else 2.0) * self.attention
 
     def recompute(self, mode: str) -> float:
         if mode == "full":
@@ -98,7 +143,18 @@ def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_byt
     of ``seq_len``-long sequences on one GPU of a TP group of ``tp`` (``sp = tp`` with sequence
     parallelism). GEMM shapes per GPU, ``T`` tokens, widths ``q, kv, f`` (Shoeybi et al. 2019 §3):
     QKV ``T x h x (q + 2kv)/t``, output ``T x q/t x h``, MLP in ``T x h x u/t`` (``u = 2f`` gated),
-    MLP out ``T x f/t x h``; ``2 N T`` FLOPs in all."""
+    MLP out ``T x f/t x h``; ``2 N T`` FLOPs in all. Each GEMM at ``GPU.gemm_fraction`` of its
+    smallest dimension times its ``wave_fraction``; in backward each projection runs an
+    input-gradient GEMM (``T x n x k``, output ``T x k``) and a weight-gradient GEMM (``k x T x n``,
+    output ``k x n``), whose waves differ from the forward's (22B layer at TP 8, micro-batch 4: the
+    forward's QKV and MLP-in outputs fill 5.3 and 7.1 waves of 108 tiles, 11% idle).
+
+    Eager attention's memory-bound backward is counted kernel by kernel, not as twice the forward:
+    dropout's backward reads the gradient and the 1-byte mask and writes the gradient (``2w + 1``),
+    the softmax's reads the probabilities and their gradient and writes the scores' gradient
+    (``3w``: ``dx = y (dy - sum(y dy))``, Megatron's ``scaled_*_softmax_warp_backward`` and
+    PyTorch's ``_softmax_backward_data``), against ``4w + 1`` forward (``timing.softmax_bytes_per_score``);
+    the fp32 softmax's casts count as in forward."""
     shape = facts.shape
     w = act_bytes
     if shape is None:  # a bare parameter count: its FLOPs at the GPU's plain achievable share
@@ -108,37 +164,44 @@ def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_byt
     h, q, kv, f = facts.hidden, shape.q_width, shape.kv_width, shape.ffn
     up = max(float(f), facts.layer_matmul_active / h - (q + 2 * kv) - q - f)
     gated = up > 1.5 * f
-    gemm = column = 0.0
+    gemm = column = backward_gemm = 0.0
     for i, (m, k, n) in enumerate(((tokens, h, (q + 2 * kv) / tp), (tokens, q / tp, h), (tokens, h, up / tp),
                                    (tokens, f / tp, h))):
-        one = tm.gemm_seconds(m=m, n=n, k=k, peak_flops=peak_flops, fraction=gpu.gemm_fraction(min(m, n, k)))
-        gemm += one
-        column += one if i in (0, 2) else 0.0
+        gemm += _gemm_seconds(m=m, n=n, k=k, gpu=gpu, peak_flops=peak_flops)
+        weight_grad = _gemm_seconds(m=k, n=n, k=m, gpu=gpu, peak_flops=peak_flops)
+        backward_gemm += _gemm_seconds(m=m, n=k, k=n, gpu=gpu, peak_flops=peak_flops) + weight_grad
+        column += weight_grad if i in (0, 2) else 0.0
     score_flops = 4.0 * tokens * seq_len * q / tp
     scores = tokens * seq_len * (shape.heads / tp)
     if uses_flash(attention=attention, gpu=gpu):
         attn = 0.5 * score_flops / (peak_flops * FLASH_FRACTION * gpu.gemm_fraction(seq_len))
-        scores_memory = 0.0
+        scores_memory = backward_scores = 0.0
     else:
         attn = score_flops / (peak_flops * gpu.gemm_fraction(facts.head_dim))
         per_score = tm.softmax_bytes_per_score(act_bytes=w, dropout=shape.dropout) + (8 if shape.softmax_fp32 else 0)
         scores_memory = tm.memory_seconds(nbytes=scores * per_score, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
+        per_score_back = 3.0 * w + ((2.0 * w + 1.0) if shape.dropout else 0.0) + (8 if shape.softmax_fp32 else 0)
+        backward_scores = tm.memory_seconds(nbytes=scores * per_score_back, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
     per_token = tm.elementwise_bytes_per_token(hidden=h, q_width=q / tp, kv_width=kv / tp, ffn=f / tp, act_bytes=w,
                                                sp=sp, gated=gated, rotary=facts.rotary, dropout=shape.dropout)
     elementwise = tm.memory_seconds(nbytes=per_token * tokens, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
     return LayerSeconds(gemm=gemm, attention=attn, scores_memory=scores_memory, elementwise=elementwise,
-                        flash=uses_flash(attention=attention, gpu=gpu), column_gemm=column)
+                        flash=uses_flash(attention=attention, gpu=gpu), column_gemm=column,
+                        backward_gemm=backward_gemm, backward_scores_memory=backward_scores)
 
 
 def head_seconds(*, facts, tokens: int, tp: int, act_bytes: int, gpu, peak_flops: float) -> float:
     """The last stage's lm_head (``T x h x V/t``, forward + 2 backward GEMMs) and the
     cross-entropy over ``T x V/t`` logits (read, fp32 softmax written and read back, gradient
-    written: ``3(w + 8)`` bytes per logit over forward and backward)."""
+    written: ``3(w + 8)`` bytes per logit over forward and backward). Each GEMM with its own
+    ``wave_fraction``: outputs ``T x V/t`` forward, ``T x h`` (input gradient), ``h x V/t``
+    (weight gradient)."""
     if not facts.vocab:
         return 0.0
     v = facts.vocab / tp
     m, n, k = tokens, v, facts.hidden
-    gemm = tm.gemm_seconds(m=m, n=n, k=k, peak_flops=peak_flops, fraction=gpu.gemm_fraction(min(m, n, k)), count=3)
+    gemm = sum(_gemm_seconds(m=a, n=b, k=c, gpu=gpu, peak_flops=peak_flops) for a, b, c in ((m, n, k), (m, k, n),
+                                                                                             (k, n, m)))
     loss = tm.memory_seconds(nbytes=3.0 * (act_bytes + 8) * tokens * v, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
     return gemm + loss
 
@@ -246,7 +309,8 @@ the pair takes longer than the GEMM alone. Calibrated once, on Korthikanti et al
 between "both backward all-reduces exposed" and "both hidden" without SP (none 11.9 ms,
 selective 13.2, full 19.5), and at "exposed" with SP (11.8 / 13.1), where overlap adds a third
 collective (the input re-gather) to the link; one share, 0.5, gives all five within 2%
-(``benchmarks/estimate_published.py``)."""
+(``benchmarks/estimate_published.py``); kept, not refitted, when GEMM waves and the
+kernel-by-kernel softmax backward came in (all five within 3%, +0.3% to +2.9%)."""
 
 
 def tp_backward_exposed_seconds(*, one_seconds: float, column_gemm_seconds: float, sequence_parallel: bool,
@@ -298,8 +362,9 @@ def layer_pass_seconds(*, facts, layout, training, cluster, tp_style: str = "aut
         bw, lat = _bandwidth(group=tp, stride=1, cluster=cluster)
         one = tm.ring_allreduce_seconds(nbytes=tokens * facts.hidden * w, ranks=tp, bandwidth=bw, latency=lat)
         calls = 2 if layout.sequence_parallel else 1  # a reduce-scatter + all-gather pair under SP
-        one += calls * latency_extra_seconds(call_seconds=collective_latency(group=tp, stride=1, cluster=cluster),
-                                             priced_seconds=2 * (tp - 1) * lat / calls)
+        call = collective_latency(group=tp, stride=1, cluster=cluster, nbytes=tokens * facts.hidden * w,
+                                  kind="reduce_scatter" if calls == 2 else "all_reduce")
+        one += calls * latency_extra_seconds(call_seconds=call, priced_seconds=2 * (tp - 1) * lat / calls)
     own = tp_backward_exposed_seconds(one_seconds=one, column_gemm_seconds=layer.column_gemm,
                                       sequence_parallel=layout.sequence_parallel,
                                       overlap=engine == "megatron" and kernels.async_tp_backward)
@@ -327,7 +392,7 @@ default ``MEMORY_OPT_ALLREDUCE_SIZE`` = 5e8, ``engine.allreduce_gradients``)."""
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
 class CollectiveCalls:
     """Collective calls one rank issues per optimizer step, by where they sit in the step; each
-    pays ``GPU.collective_latency_seconds`` whatever its size."""
+    pays ``collective_latency`` (NCCL's model for its group on GPUs, the flat figure on gloo)."""
 
     dp_buckets: int = 0
     """Gradient reductions (all-reduce or reduce-scatter of a bucket), which ``overlap_comm`` runs
@@ -667,14 +732,159 @@ def modules_per_layer(facts) -> int:
     return max(1, sum(1 for t in facts.layer_persistent if t > 8 * facts.hidden))
 
 
-def collective_latency(*, group: int, stride: int, cluster) -> float:
-    """Seconds one collective call over ``group`` ranks ``stride`` apart costs whatever its size:
-    ``GPU.collective_latency_seconds`` inside a node, the interconnect's (if larger) across nodes."""
+def stage_tensors(facts, *, layers: int, first: bool, last: bool) -> int:
+    """Parameter tensors of one pipeline stage: ``layers`` x a layer's tensors (9, a Llama layer's,
+    when only a parameter count is known), the embedding's on the first stage, the final norm and
+    an untied head on the last (AutoTP shards tensors but keeps their number)."""
+    n = layers * (len(facts.layer_persistent) or 9)
+    if first:
+        n += len(facts.embed_tensors) or (1 if facts.embed else 0)
+    if last:
+        n += (1 if facts.final else 0) + (1 if facts.lm_head and not facts.tied else 0)
+    return n
+
+
+def zero_overhead_seconds(*, zero_stage: int, num_tensors: int, num_micro_batches: int, gpu) -> float:
+    """ZeRO's own host work per step apart from its communication, paid even over one
+    data-parallel rank: ``num_micro_batches x num_tensors x`` ``GPU.zero_tensor_seconds``
+    (ZeRO-1/2: the per-parameter gradient hook and its copies into the flat bucket and the
+    partition) or ``GPU.zero3_tensor_seconds`` (ZeRO-3: the module hooks' fetch/release
+    bookkeeping and partition/gather copies, DeepSpeed 0.19.8 ``parameter_offload.py`` and
+    ``partitioned_param_coordinator.py``); 0 for ZeRO-0. It scales with the tensors and the
+    micro-steps, not the elements: on one CPU rank ZeRO-3 added 10-15 ms to the tiny Llama (21
+    tensors), 19-21 ms to a 4-layer one (39 tensors) and 10-22 ms at 3x the elements (21 tensors),
+    0.57 ms a tensor by least squares over three runs, and cProfile counts
+    ~4.3e4 Python calls a step for ZeRO-3 against ~3.5e3 for ZeRO-0
+    (``benchmarks/zero_dp1_cost.py --one-rank``; docs/estimate.md)."""
+    if zero_stage == 3:
+        per_tensor = gpu.zero3_tensor_seconds
+    elif zero_stage in (1, 2):
+        per_tensor = gpu.zero_tensor_seconds
+    else:
+        per_tensor = 0.0
+    return num_micro_batches * num_tensors * per_tensor
+
+
+NCCL_BASE_US = {"ring": {"LL": 6.6, "LL128": 14.0, "Simple": 8.4}, "tree": {"LL": 6.8, "LL128": 14.0, "Simple": 8.4}}
+"""NCCL's fixed latency of one collective, microseconds, by algorithm and protocol (``baseLat``,
+``src/graph/tuning.cc``, NCCL 2.18-2.27; 2.8-2.12 had ring LL 3.6 and tree LL 4.4)."""
+
+NCCL_HOP_US = {
+    ("ring", "nvlink"): {"LL": 0.6, "LL128": 1.9, "Simple": 3.4},
+    ("ring", "pci"): {"LL": 1.0, "LL128": 2.5, "Simple": 5.7},
+    ("ring", "net"): {"LL": 2.7, "LL128": 4.0, "Simple": 14.0},
+    ("tree", "nvlink"): {"LL": 0.6, "LL128": 1.25, "Simple": 4.0},
+    ("tree", "pci"): {"LL": 1.0, "LL128": 1.9, "Simple": 4.0},
+    ("tree", "net"): {"LL": 5.0, "LL128": 8.5, "Simple": 14.0},
+}
+"""NCCL's latency per step of a ring / level of a tree, microseconds (``hwLat``, ``tuning.cc``,
+NCCL 2.18-2.27; the network's ring Simple hop was 9.6 us in 2.8-2.11 and 28 in 2.12)."""
+
+NCCL_NET_OVERHEAD_US = 1.0
+"""Posting one network operation (``getNetOverhead``: 1 us on Intel and other hosts, 2 on AMD;
+three times that under Simple): in a ring across nodes every intra-node step costs at least it."""
+
+NCCL_BW_FACTOR = {("ring", "LL"): 0.5, ("ring", "LL128"): 0.92, ("ring", "Simple"): 1.0,
+                  ("tree", "LL"): 0.92 / 3.8, ("tree", "LL128"): 0.92 * 120 / 128, ("tree", "Simple"): 0.92,
+                  ("pat", "Simple"): 0.75}
+"""Bus bandwidth of each algorithm/protocol relative to the ring's Simple (``ncclTopoTuneModel``'s
+"model refinements", NCCL 2.27): LL carries 4 bytes of data per 8, LL128 120 of 128."""
+
+NCCL_LL_MAX_BYTES_PER_S = {"ampere": (87.7e9, 22.5e9, 19.0e9), "hopper": (141.0e9, 45.0e9, 35.0e9)}
+"""LL's bus bandwidth cap on 1, 2 and more nodes (``llMaxBws``, NCCL 2.27; Volta's row is below
+Ampere's): what keeps LL off large messages. dstk takes the Hopper row for a GPU of 500+ dense
+TFLOP/s, the Ampere row otherwise."""
+
+
+def nccl_latency_seconds(*, kind: str, ranks: int, nodes: int, algorithm: str = "ring", protocol: str = "Simple",
+                         link: str = "nvlink") -> float:
+    """NCCL's latency of one ``kind`` call (``all_reduce``, ``all_gather``, ``reduce_scatter``)
+    over ``ranks`` GPUs on ``nodes`` nodes (``ncclTopoTuneModel``, ``src/graph/tuning.cc``, NCCL
+    2.18-2.27; facts only), ``link`` the intra-node link (``nvlink`` or ``pci``):
+
+    - ring: ``base + (s - s_net) * intra + s_net * net`` with ``s = 2 (n - 1)`` steps for an
+      all-reduce, ``n - 1`` for an all-gather or reduce-scatter, ``s_net`` the steps that cross
+      nodes (``2 (N - 1)`` or ``N - 1``), ``intra`` at least the network post overhead across nodes;
+    - tree (all-reduce only): ``base + 2 ((n/N - 1) intra + log2(N) net)``;
+    - PAT (all-gather / reduce-scatter with one GPU per node, NCCL 2.23+, Simple):
+      ``8 + log2(N) net / 3.5 + 2.8 n``.
+
+    At 1024 H100s on 128 nodes a ring all-gather under Simple costs 8.4 + 896 x 3.4 + 127 x 14 us
+    = 4.8 ms whatever its size: why ZeRO++ hpZ, MiCS and FSDP+TP keep gathers inside smaller groups."""
+    n, nn = ranks, max(1, nodes)
+    if n <= 1:
+        return 0.0
+    if algorithm == "pat":
+        return (8.0 + int(math.log2(nn)) * NCCL_HOP_US[("tree", "net")]["Simple"] / 3.5 + 2.8 * n) * 1e-6
+    intra = NCCL_HOP_US[(algorithm, link)][protocol]
+    net = NCCL_HOP_US[(algorithm, "net")][protocol]
+    base = NCCL_BASE_US[algorithm][protocol]
+    if algorithm == "tree":
+        return (base + 2 * ((n / nn - 1) * intra + int(math.log2(nn)) * net)) * 1e-6
+    if nn > 1:
+        intra = max(intra, NCCL_NET_OVERHEAD_US * (3 if protocol == "Simple" else 1))
+    steps, net_steps = (2 * (n - 1), 2 * (nn - 1)) if kind == "all_reduce" else (n - 1, nn - 1)
+    return (base + (steps - net_steps) * intra + net_steps * net) * 1e-6
+
+
+def group_nodes(*, group: int, stride: int, cluster) -> int:
+    """Nodes a group of ``group`` ranks ``stride`` apart spans (ranks numbered TP fastest):
+    ``ceil(group / r)``, ``r = min(group, gpus_per_node / stride)`` members per node."""
+    per_node = min(cluster.gpus_per_node, cluster.world_size)
+    if group * stride <= per_node or cluster.num_nodes == 1:
+        return 1
+    members = max(1, min(group, per_node // stride))
+    return min(cluster.num_nodes, -(-group // members))
+
+
+def collective_latency(*, group: int, stride: int, cluster, kind: str = "all_reduce",
+                       nbytes: float | None = None) -> float:
+    """Seconds one ``kind`` call (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``send``)
+    over ``group`` ranks ``stride`` apart costs beyond its bytes at the Simple ring's bandwidth.
+
+    On GPUs, NCCL's own cost model (``nccl_latency_seconds``): of the algorithms and protocols
+    NCCL would run for a call of ``nbytes`` (ring LL/LL128/Simple, tree for an all-reduce, PAT for
+    one GPU per node), the cheapest ``lat + traffic / (bw x factor)`` (``NCCL_BW_FACTOR``), less
+    ``traffic / bw`` (what the ring formulas price); ``nbytes`` None: the smallest latency (a tiny
+    message). LL128 only over NVLink (NCCL enables it there by default); LL's bus bandwidth capped
+    (``NCCL_LL_MAX_BYTES_PER_S``), which keeps it off large messages. It grows with the ring:
+    32 us for a Simple all-gather over 8 GPUs of a node, 70 us over 2 nodes, 0.30 ms over 8, 4.8 ms
+    over 128. Never below the catalog's per-call figure (``GPU.collective_latency_seconds`` inside
+    a node, the interconnect's across nodes; ``dstk doctor --calibrate`` measures the GPU's): a
+    point-to-point ``send`` pays that figure only. CPU ranks (gloo, not NCCL): the flat measured
+    ``GPU.collective_latency_seconds``."""
     gpu = cluster.gpu
-    if group * stride <= cluster.gpus_per_node or cluster.num_nodes == 1:
-        return gpu.collective_latency_seconds
-    net = cluster.interconnect
-    return max(gpu.collective_latency_seconds, net.collective_latency_seconds if net is not None else 0.0)
+    nodes = group_nodes(group=group, stride=stride, cluster=cluster)
+    floor = gpu.collective_latency_seconds
+    if nodes > 1 and cluster.interconnect is not None:
+        floor = max(floor, cluster.interconnect.collective_latency_seconds)
+    if gpu.is_cpu or group <= 1 or kind == "send":
+        return floor
+    link = "nvlink" if gpu.intra_node_bytes_per_s >= 100e9 else "pci"
+    protocols = ("LL", "LL128", "Simple") if link == "nvlink" else ("LL", "Simple")
+    options = [("ring", p) for p in protocols]
+    if kind == "all_reduce":
+        options += [("tree", p) for p in protocols]
+    elif nodes == group and nodes > 1:
+        options.append(("pat", "Simple"))
+    costs = [(nccl_latency_seconds(kind=kind, ranks=group, nodes=nodes, algorithm=a, protocol=p, link=link), a, p)
+             for a, p in options]
+    if nbytes is None or nbytes <= 0:
+        return max(floor, min(c for c, _, _ in costs))
+    from dstk.estimate import _bandwidth
+
+    bw, _ = _bandwidth(group=group, stride=stride, cluster=cluster)
+    ring = (2.0 if kind == "all_reduce" else 1.0) * (group - 1) / group * nbytes / bw
+    caps = NCCL_LL_MAX_BYTES_PER_S["hopper" if gpu.fp16_flops >= 500e12 else "ampere"]
+    ll_cap = caps[min(nodes, 3) - 1]
+
+    def seconds(lat: float, algorithm: str, protocol: str) -> float:
+        rate = bw * NCCL_BW_FACTOR[(algorithm, protocol)]
+        rate = min(rate, ll_cap) if protocol == "LL" else rate
+        return lat + (2.0 * nbytes if algorithm == "tree" else ring * bw) / rate
+
+    best = min(seconds(lat, a, p) for lat, a, p in costs) - ring
+    return max(floor, best)
 
 
 def latency_extra_seconds(*, call_seconds: float, priced_seconds: float) -> float:
@@ -711,7 +921,7 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
         # Activations forward and gradients backward cross each boundary once per micro-batch
         # (scattered over the TP group, Narayanan et al. 2021 §4.1); interleaving crosses v
         # times as many boundaries (§2.2.2).
-        call = collective_latency(group=2, stride=tp * dp, cluster=cluster)
+        call = collective_latency(group=2, stride=tp * dp, cluster=cluster, kind="send")
         pp_mb = 2 * v * (tokens_mb * f.hidden * w / tp / bw + lat + latency_extra_seconds(call_seconds=call,
                                                                                          priced_seconds=lat))
         if tp > 1 and not (megatron and layout.sequence_parallel):
@@ -765,7 +975,6 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
         # backward under overlap_comm), the tail after backward is exposed. A CPU rank overlaps
         # nothing: DeepSpeed's CPU accelerator streams are no-ops (``cpu_accelerator.py``
         # ``stream()`` returns a noop context), so gloo's calls run inside backward and step.
-        call = collective_latency(group=dp, stride=tp, cluster=cluster)
         zero3 = (zero3_gathers(facts=f, buffers=buffers, tp=tp, stage_layers=counts[worst], recompute=recompute)
                  if layout.zero_stage == 3 and not megatron and zero_kernels.replay_gathers else None)
         calls = collective_calls(zero_stage=layout.zero_stage, dp=dp, tp=tp, pp=pp, grad_accum=m,
@@ -774,22 +983,46 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
                                  modules_per_layer=modules_per_layer(f), engine="megatron" if megatron else "deepspeed",
                                  zero3=zero3)
         sync = gpu.is_cpu
-        tail = calls.dp_tail * call
+        # Each call at NCCL's latency for its kind, group and size (``collective_latency``), less
+        # the ring alpha the bandwidth formula of the same bytes already priced.
+        bucket_bytes = w * (worst_params if megatron else min(
+            worst_params, DS_ALLREDUCE_BUCKET_ELEMENTS if layout.zero_stage == 0 else buffers.reduce_bucket_size))
+        bucket_kind = "reduce_scatter" if layout.zero_stage >= 2 else "all_reduce"
+        call = collective_latency(group=dp, stride=tp, cluster=cluster, kind=bucket_kind, nbytes=bucket_bytes)
+        small = collective_latency(group=dp, stride=tp, cluster=cluster)  # a norm or overflow flag
+        if layout.zero_stage == 3:  # the norm, then one all-gather per persistent tensor
+            tail = small + (calls.dp_tail - 1) * collective_latency(group=dp, stride=tp, cluster=cluster,
+                                                                     kind="all_gather")
+        elif calls.dp_tail:  # overflow and norm all-reduces, the all-gather of the updated partitions
+            tail = (calls.dp_tail - 1) * small + latency_extra_seconds(
+                call_seconds=collective_latency(group=dp, stride=tp, cluster=cluster, kind="all_gather",
+                                                nbytes=grad_bytes), priced_seconds=(dp - 1) * lat)
+        else:
+            tail = 0.0
         if layout.zero_stage == 3:
             one = tm.ring_gather_seconds(nbytes=gathered_bytes, ranks=dp, bandwidth=bw, latency=lat)
             rs = tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)  # LoRA: adapters
-            rs += calls.dp_buckets / m * call
+            rs += latency_extra_seconds(call_seconds=calls.dp_buckets / m * call, priced_seconds=(dp - 1) * lat)
             # The gathers' bytes (as full passes over the stage, ``one`` each) and calls in forward
             # and in backward, as DeepSpeed issues them (``zero3_gathers``); without the model's
             # tensors, a pass forward and one (two under full recompute) in backward, each module
             # in one call per pass.
+            alpha = (dp - 1) * lat  # what ``one`` priced per full pass
             if zero3 is not None:
                 full = max(zero3.model_elements, 1.0)
-                fwd_gather = zero3.forward_elements / full * one + zero3.forward_calls * call
-                bwd_gather = zero3.backward_elements / full * one + zero3.backward_calls * call
+                num = zero3.forward_calls + zero3.backward_calls
+                gather = collective_latency(group=dp, stride=tp, cluster=cluster, kind="all_gather",
+                                            nbytes=w * (zero3.forward_elements + zero3.backward_elements) / max(num, 1))
+                fwd_gather = zero3.forward_elements / full * one + latency_extra_seconds(
+                    call_seconds=zero3.forward_calls * gather, priced_seconds=zero3.forward_elements / full * alpha)
+                bwd_gather = zero3.backward_elements / full * one + latency_extra_seconds(
+                    call_seconds=zero3.backward_calls * gather, priced_seconds=zero3.backward_elements / full * alpha)
             else:
                 passes = 2 if recompute == "full" else 1
-                fwd_gather = one + calls.zero3_gathers / m * call
+                per_pass = calls.zero3_gathers / m
+                gather = collective_latency(group=dp, stride=tp, cluster=cluster, kind="all_gather",
+                                            nbytes=gathered_bytes / max(per_pass, 1))
+                fwd_gather = one + latency_extra_seconds(call_seconds=per_pass * gather, priced_seconds=alpha)
                 bwd_gather = passes * fwd_gather
             if sync:  # nothing overlaps: every gather and reduce-scatter adds
                 per_mb = mb_compute + stage_tp + fwd_gather + bwd_gather + rs
@@ -806,17 +1039,22 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
             # DeepSpeed's stage 2 reduce-scatters in every micro-step (it keeps only a gradient
             # partition), then all-gathers the updated parameters once.
             rs = tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
-            reduce = rs + calls.dp_buckets / m * call
+            reduce = rs + latency_extra_seconds(call_seconds=calls.dp_buckets / m * call,
+                                                priced_seconds=(dp - 1) * lat)
             dp_seconds = m * reduce + rs + tail
             exposed_dp = m * _dp_exposed_seconds(seconds=reduce, backward_seconds=stage_bwd,
-                                                 bucket_seconds=bucket / 2 + call,
+                                                 bucket_seconds=bucket / 2 + latency_extra_seconds(
+                                                     call_seconds=call, priced_seconds=(dp - 1) * lat),
                                                  overlap=buffers.overlaps(2) and not sync) + rs + tail
         else:
             dp_seconds = tm.ring_allreduce_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
-            dp_seconds += calls.dp_buckets * call
+            dp_seconds += latency_extra_seconds(call_seconds=calls.dp_buckets * call,
+                                                priced_seconds=2 * (dp - 1) * lat)
             overlap = layout.zero_stage == 1 and buffers.overlaps(1) and not megatron and not sync
             exposed_dp = _dp_exposed_seconds(seconds=dp_seconds, backward_seconds=stage_bwd,
-                                             bucket_seconds=bucket + call, overlap=overlap) + tail
+                                             bucket_seconds=bucket + latency_extra_seconds(
+                                                 call_seconds=call, priced_seconds=2 * (dp - 1) * lat),
+                                             overlap=overlap) + tail
             dp_seconds += tail
     shard = worst_params / (dp if layout.zero_stage else 1)
     optimizer_seconds = 0.0
@@ -829,7 +1067,11 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
         per_param = tm.optimizer_step_bytes_per_param(optimizer=training.optimizer, precision=training.precision)
         optimizer_seconds = tm.memory_seconds(nbytes=per_param * shard, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
 
-    compute = m * stage_mb + optimizer_seconds + gpu.step_overhead_seconds
+    # ZeRO's hooks and copies (``zero_overhead_seconds``), at dp = 1 too; Megatron's optimizer has none.
+    zero_hooks = 0.0 if megatron else zero_overhead_seconds(
+        zero_stage=layout.zero_stage, num_micro_batches=m, gpu=gpu,
+        num_tensors=stage_tensors(f, layers=counts[worst], first=worst == 0, last=worst == pp - 1))
+    compute = m * stage_mb + optimizer_seconds + gpu.step_overhead_seconds + zero_hooks
     bubble = bubble_frac * m * stage_mb
     comm = exposed_dp + exposed_zero3 + offload_seconds
     step = compute + bubble + comm
