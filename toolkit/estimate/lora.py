@@ -258,5 +258,6 @@ def step_terms(*, facts, lf: LoraFacts, lora, layout, training, cluster) -> Step
     head -= tm.memory_seconds(nbytes=accumulate * (facts.embed + facts.final + facts.lm_head),
                               hbm_bytes_per_s=gpu.hbm_bytes_per_s)
     matmul = facts.layers * facts.layer_matmul_active + facts.head_matmul
-    return StepTerms(trainable=float(lf.trainable), layer_backward_seconds=adapters - base.gemm + landing,
+    frozen = base.gemm if base.weight_grad_gemm is None else base.weight_grad_gemm  # the skipped weight gradients
+    return StepTerms(trainable=float(lf.trainable), layer_backward_seconds=adapters - frozen + landing,
                      stage_backward_seconds=head, flops_per_token=-2.0 * matmul + 6.0 * lf.trainable)

@@ -112,6 +112,9 @@ class LayerSeconds:
     with its own wave quantization (``wave_fraction``). None: ``2 gemm``."""
     backward_scores_memory: float | None = None
     """Softmax/dropout backward over the scores (eager only). None: ``2 scores_memory``."""
+    weight_grad_gemm: float | None = None
+    """The weight-gradient GEMMs alone, part of ``backward_gemm`` (what a frozen base skips under
+    LoRA, ``dstk.estimate.lora``). None: ``gemm``."""
 
     @property
     def forward(self) -> float:
@@ -164,13 +167,14 @@ def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_byt
     h, q, kv, f = facts.hidden, shape.q_width, shape.kv_width, shape.ffn
     up = max(float(f), facts.layer_matmul_active / h - (q + 2 * kv) - q - f)
     gated = up > 1.5 * f
-    gemm = column = backward_gemm = 0.0
+    gemm = column = backward_gemm = weight_grads = 0.0
     for i, (m, k, n) in enumerate(((tokens, h, (q + 2 * kv) / tp), (tokens, q / tp, h), (tokens, h, up / tp),
                                    (tokens, f / tp, h))):
         gemm += _gemm_seconds(m=m, n=n, k=k, gpu=gpu, peak_flops=peak_flops)
         weight_grad = _gemm_seconds(m=k, n=n, k=m, gpu=gpu, peak_flops=peak_flops)
         backward_gemm += _gemm_seconds(m=m, n=k, k=n, gpu=gpu, peak_flops=peak_flops) + weight_grad
         column += weight_grad if i in (0, 2) else 0.0
+        weight_grads += weight_grad
     score_flops = 4.0 * tokens * seq_len * q / tp
     scores = tokens * seq_len * (shape.heads / tp)
     if uses_flash(attention=attention, gpu=gpu):
@@ -187,7 +191,8 @@ def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_byt
     elementwise = tm.memory_seconds(nbytes=per_token * tokens, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
     return LayerSeconds(gemm=gemm, attention=attn, scores_memory=scores_memory, elementwise=elementwise,
                         flash=uses_flash(attention=attention, gpu=gpu), column_gemm=column,
-                        backward_gemm=backward_gemm, backward_scores_memory=backward_scores)
+                        backward_gemm=backward_gemm, backward_scores_memory=backward_scores,
+                        weight_grad_gemm=weight_grads)
 
 
 def head_seconds(*, facts, tokens: int, tp: int, act_bytes: int, gpu, peak_flops: float) -> float:
