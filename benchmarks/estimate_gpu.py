@@ -335,13 +335,12 @@ def main() -> int:
         summarize(out_dir=args.summary, work_dir=args.work or args.summary, status=args.status)
         return 0
     smoke = args.cpu_smoke
-    for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
-                       ("MASTER_ADDR", "127.0.0.1")):
-        os.environ.setdefault(key, value)
-    if "MASTER_PORT" not in os.environ:
-        from dstk.launch.rundir import free_port
+    # One process that is its own single rank: set the rendezvous here, never inherit it (a caller that
+    # ran DeepSpeed in-process, such as a test session, leaves MASTER_PORT pointing at its live store).
+    from dstk.launch.rundir import free_port
 
-        os.environ["MASTER_PORT"] = str(free_port())
+    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())})
     import deepspeed
     from deepspeed.accelerator import get_accelerator
 

@@ -39,7 +39,14 @@ def _run(out: Path, *, env: dict | None = None, timeout: float = 400) -> subproc
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("gpu-check")
-    proc = _run(out)
+    # A caller's stale rendezvous (an in-process DeepSpeed test leaves MASTER_PORT at its live store)
+    # must not reach the script's own single rank: hold a port and hand it over as if inherited.
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        proc = _run(out, env={"MASTER_PORT": str(held.getsockname()[1]), "RANK": "3", "WORLD_SIZE": "4"})
     assert proc.returncode == 0, proc.stdout[-5000:]
     return {"out": out, "stdout": proc.stdout, "summary": json.loads((out / "gpu_check.json").read_text())}
 
