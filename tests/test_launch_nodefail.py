@@ -133,7 +133,10 @@ def test_a_failed_node_stops_every_node_and_is_named(sshd, two_node_run, tmp_pat
     argv = [sys.executable, "-m", "dstk", "launch", str(run), "--hostfile", str(hostfile), "--launcher", "pdsh",
             "--master-addr", "127.0.0.1", "--master-port", str(free_port), *flags,
             "--env", f"DSTK_TEST_HANG_SECONDS={HANG_SECONDS}", "--env", f"DSTK_TEST_FAIL={how}", "--", str(script)]
-    proc = subprocess.Popen(argv, env={**os.environ, **sshd.env}, cwd=REPO, stdout=subprocess.PIPE,
+    # A caller's own rank identity (a test session that ran DeepSpeed in-process leaves LOCAL_RANK
+    # and RANK behind) must not reach the runner: the stopper would take pdsh and ssh for ranks.
+    stale = {"LOCAL_RANK": "0", "RANK": "0", "WORLD_SIZE": "1"}
+    proc = subprocess.Popen(argv, env={**os.environ, **sshd.env, **stale}, cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     started = time.monotonic()
     lines: list[tuple[float, str]] = []

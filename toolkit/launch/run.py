@@ -137,6 +137,18 @@ def _default_sink(stream: str, line: str) -> None:
     out.flush()
 
 
+RANK_IDENTITY_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK")
+"""What torch.distributed and the launchers set for one rank. A launcher is no rank: a value
+inherited from the caller (a shell inside another job, a test session that ran DeepSpeed
+in-process) would reach the runner, pdsh and ssh, and ``dstk.launch.nodefail`` would take them
+for ranks of the run. launch.py sets the ranks' own."""
+
+
+def launcher_environ() -> dict[str, str]:
+    """This process's environment without ``RANK_IDENTITY_VARS``: what the runner starts from."""
+    return {k: v for k, v in os.environ.items() if k not in RANK_IDENTITY_VARS}
+
+
 def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
              sink: Callable[[str, str], None] = _default_sink, check_locks: bool = True,
              watch=None) -> LaunchResult:
@@ -148,7 +160,7 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
         check_op_locks()
     for path, text in plan.files.items():
         write_atomic(path, text)
-    env = {**os.environ, **plan.env, "PYTHONUNBUFFERED": "1"}
+    env = {**launcher_environ(), **plan.env, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(plan.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL)
     reports: list[RankExit] = []
@@ -268,7 +280,7 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
         spec = dataclasses.replace(spec, run_tag=spec.run_tag or new_run_tag())
         plan = plan_launch(spec)
         watch = NodeWatch(hosts=plan.active, tag=spec.run_tag, python=spec.python, cwd=os.getcwd(),
-                          env=dict(os.environ), sink=sink)
+                          env=launcher_environ(), sink=sink)
     try:
         result = run_plan(plan, world_size=expected, expect_reports=spec.prefix_output, sink=sink, watch=watch)
     finally:
