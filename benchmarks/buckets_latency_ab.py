@@ -18,15 +18,13 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
+from zero_cpu_cost import dstk_cli, worker_records
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "examples" / "intents" / "tiny-llama-cpu.yaml"
-WORKER = ROOT / "benchmarks" / "zero_cpu_cost.py"
-TAG = "ZERO_CPU_COST "
 OLD = {"reduce_bucket_size": 46_000, "allgather_bucket_size": 46_000}
 """What the 5 us rule wrote for the tiny intent at dp=2 (ZeRO-3 also: prefetch 46,000, live 55,000)."""
 
@@ -41,9 +39,7 @@ def main() -> None:
     specs = []
     for zero in (1, 2, 3):
         out = work / f"z{zero}"
-        subprocess.run([sys.executable, "-m", "dstk", "generate", str(TINY), "--zero", str(zero), "--dp", "2",
-                        "--output", str(out)], check=True, capture_output=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+        dstk_cli("generate", str(TINY), "--zero", str(zero), "--dp", "2", "--output", str(out))
         cfg = json.loads((out / "ds_config.json").read_text())
         plan = json.loads((out / "plan.json").read_text())
         cfg.pop("scheduler", None)
@@ -58,23 +54,13 @@ def main() -> None:
                           "seq_len": plan["training"]["seq_len"]})
     spec_path = work / "specs.json"
     spec_path.write_text(json.dumps(specs))
-    sys.path.insert(0, str(ROOT / "tests"))
-    from dist import run_ranks
-
-    from dstk.launch.shm import leaked_buffers, remove_leaked
-
     load = os.getloadavg()[0]
     times: dict[str, list[float]] = {}
     calls: dict[str, dict] = {}
     for _ in range(args.launches):
-        results = run_ranks(WORKER, "--worker", str(spec_path), "--steps", str(args.steps), "--repeats",
-                            str(args.repeats), env={"PYTHONPATH": str(ROOT)}, timeout=900)
-        remove_leaked(leaked_buffers())  # DeepSpeed's CPU shm all-reduce never unlinks its 66 MiB per rank
-        for line in results[0].output.splitlines():
-            if line.startswith(TAG):
-                r = json.loads(line[len(TAG):])
-                times.setdefault(r["name"], []).extend(r["times"])
-                calls[r["name"]] = r["collectives"]
+        for r in worker_records(spec_path, steps=args.steps, repeats=args.repeats):
+            times.setdefault(r["name"], []).extend(r["times"])
+            calls[r["name"]] = r["collectives"]
     shutil.rmtree(work, ignore_errors=True)
     print(f"2 gloo ranks, {args.steps} steps x {args.repeats} batches x {args.launches} launches per config, "
           f"load average {load:.1f} before")

@@ -182,7 +182,22 @@ def _count_worker(spec_path: str) -> None:
     exit_rank()
 
 
-def _dstk(*args: str) -> str:
+def worker_records(spec_path: Path, *, steps: int, repeats: int, world_size: int = 2) -> list[dict]:
+    """One launch of ``_worker`` over the configs in ``spec_path`` on ``world_size`` gloo ranks: rank
+    0's ``TAG`` records (name, times, collectives, ...). The leaked shm buffers are removed after.
+    Shared by ``zero_dp1_cost.py`` and ``buckets_latency_ab.py``, which run the same worker."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from dist import run_ranks
+
+    from dstk.launch.shm import leaked_buffers, remove_leaked
+
+    results = run_ranks(__file__, "--worker", str(spec_path), "--steps", str(steps), "--repeats", str(repeats),
+                        env={"PYTHONPATH": str(ROOT)}, timeout=900, world_size=world_size)
+    remove_leaked(leaked_buffers())  # DeepSpeed's CPU shm all-reduce never unlinks its 66 MiB per rank
+    return [json.loads(line[len(TAG):]) for line in results[0].output.splitlines() if line.startswith(TAG)]
+
+
+def dstk_cli(*args: str) -> str:
     proc = subprocess.run([sys.executable, "-m", "dstk", *args], capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     if proc.returncode != 0:
@@ -216,7 +231,7 @@ def zero3_specs(work: Path) -> list[dict]:
     for shape, extra in (("tiny", ()), ("larger", LARGER)):
         for recompute in ("none", "full"):
             out = work / f"{shape}-{recompute}"
-            _dstk("generate", str(TINY), *extra, "--zero", "3", "--dp", "2", "--recompute", recompute,
+            dstk_cli("generate", str(TINY), *extra, "--zero", "3", "--dp", "2", "--recompute", recompute,
                   "--output", str(out))
             plan = json.loads((out / "plan.json").read_text())
             generated = json.loads((out / "ds_config.json").read_text())
@@ -330,7 +345,7 @@ def main() -> None:
             out = work / f"z{zero}"
             if not (out / "plan.json").exists():
                 # dp pinned: with latency priced, the planner's free ZeRO-3 pick is tp=2 dp=1 (no gathers).
-                _dstk("generate", str(TINY), "--zero", str(zero), "--dp", "2", "--output", str(out), *hw)
+                dstk_cli("generate", str(TINY), "--zero", str(zero), "--dp", "2", "--output", str(out), *hw)
             plan = json.loads((out / "plan.json").read_text())
             cfg = json.loads((out / "ds_config.json").read_text())
             cfg.pop("scheduler", None)
@@ -340,7 +355,7 @@ def main() -> None:
                 cfg["zero_optimization"] = {"stage": zero}
             path = work / f"{buckets}-z{zero}.json"
             path.write_text(json.dumps(cfg, indent=1))
-            est = json.loads(_dstk("estimate", "--intent", str(TINY), "--config", str(path), "--format", "json", *hw))
+            est = json.loads(dstk_cli("estimate", "--intent", str(TINY), "--config", str(path), "--format", "json", *hw))
             time_ = est.get("time") or est.get("plan", {}).get("time")
             name = f"ZeRO-{zero} {buckets}"
             specs.append({"name": name, "group": buckets, "config": cfg, "hf_config": plan["model"]["hf_config"],
@@ -349,23 +364,11 @@ def main() -> None:
                          "bucket": cfg["zero_optimization"].get("reduce_bucket_size", "default")})
     spec_path = work / "specs.json"
     spec_path.write_text(json.dumps(specs))
-    sys.path.insert(0, str(ROOT / "tests"))
-    from dist import run_ranks
-
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
-    results = run_ranks(__file__, "--worker", str(spec_path), "--steps", str(args.steps), "--repeats",
-                        str(args.repeats), env={"PYTHONPATH": str(ROOT)}, timeout=900)
+    measured = {r["name"]: r for r in worker_records(spec_path, steps=args.steps, repeats=args.repeats)}
     wall = time.perf_counter() - t0
-    from dstk.launch.shm import leaked_buffers, remove_leaked
-
-    remove_leaked(leaked_buffers())  # DeepSpeed's CPU shm all-reduce never unlinks its 66 MiB per rank
     shutil.rmtree(work, ignore_errors=True)
-    measured = {}
-    for line in results[0].output.splitlines():
-        if line.startswith(TAG):
-            r = json.loads(line[len(TAG):])
-            measured[r["name"]] = r
     print(f"2 gloo ranks, {args.steps} steps x {args.repeats} batches per config, {wall:.0f} s wall, "
           f"load average {load:.1f} before{', ' + args.hardware if args.hardware else ''}")
     print(f"{'config':<20} {'bucket':>9} {'median':>8} {'best':>8} {'predicted':>9} {'error':>7}  collectives per step")

@@ -31,16 +31,14 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from zero_cpu_cost import dstk_cli, worker_records
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = ROOT / "examples" / "intents" / "tiny-llama-cpu.yaml"
-WORKER = ROOT / "benchmarks" / "zero_cpu_cost.py"
-TAG = "ZERO_CPU_COST "
 LAYOUTS = (("tp=2 dp=1", 2, 1, (0, 1, 2, 3)), ("dp=2", 1, 2, (0, 3)))
 SHAPES = {"tiny": {}, "deep": {"num_layers": 4}, "wide": {"hidden_size": 128, "ffn_hidden_size": 256}}
 """``--one-rank`` shapes: the tiny Llama, twice its layers (tensors, modules and elements x2), and
@@ -56,14 +54,6 @@ def _counts(hf: dict) -> tuple[int, int, int]:
     modules = 13 * layers + 7  # HF's module tree: ``len(list(model.named_modules()))``
     elements = layers * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h) + v * h * (1 if tied else 2) + h
     return tensors, modules, elements
-
-
-def _dstk(*args: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "dstk", *args], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    if proc.returncode != 0:
-        raise SystemExit(f"dstk {' '.join(args)} failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return proc.stdout
 
 
 def _intent(*, work: Path, name: str, model: dict, gpus_per_node: int) -> Path:
@@ -82,14 +72,14 @@ def _spec(*, name: str, group: str, layout: tuple, intent: Path, work: Path) -> 
     """``dstk generate`` of ``intent`` with ``layout`` flags and ``dstk estimate --config`` of what it
     wrote: the worker's spec and the predicted seconds per step."""
     out = work / name.replace(" ", "_").replace("=", "")
-    _dstk("generate", str(intent), *layout, "--output", str(out))
+    dstk_cli("generate", str(intent), *layout, "--output", str(out))
     plan = json.loads((out / "plan.json").read_text())
     cfg = json.loads((out / "ds_config.json").read_text())
     cfg.pop("scheduler", None)
     cfg["steps_per_print"] = 2**30
     path = out.with_suffix(".json")
     path.write_text(json.dumps(cfg, indent=1))
-    est = json.loads(_dstk("estimate", "--intent", str(intent), "--config", str(path), "--format", "json"))
+    est = json.loads(dstk_cli("estimate", "--intent", str(intent), "--config", str(path), "--format", "json"))
     time_ = est.get("time") or est.get("plan", {}).get("time")
     return ({"name": name, "group": group, "config": cfg, "hf_config": plan["model"]["hf_config"],
              "seq_len": plan["training"]["seq_len"]}, time_["step_seconds"])
@@ -125,11 +115,6 @@ def main() -> None:
                                         layout=("--zero", str(zero), "--tp", str(tp), "--dp", str(dp)))
                 groups.setdefault(label, []).append(spec)
                 rows.append({"name": name, "predicted": predicted})
-    sys.path.insert(0, str(ROOT / "tests"))
-    from dist import run_ranks
-
-    from dstk.launch.shm import leaked_buffers, remove_leaked
-
     load = os.getloadavg()[0]
     t0 = time.perf_counter()
     times: dict[str, list[float]] = {}
@@ -138,14 +123,9 @@ def main() -> None:
         for label, specs in groups.items():
             spec_path = work / f"specs-{label.replace(' ', '_').replace('=', '')}.json"
             spec_path.write_text(json.dumps(specs))
-            results = run_ranks(WORKER, "--worker", str(spec_path), "--steps", str(args.steps), "--repeats",
-                                str(args.repeats), env={"PYTHONPATH": str(ROOT)}, timeout=900, world_size=world)
-            remove_leaked(leaked_buffers())  # DeepSpeed's CPU shm all-reduce never unlinks its 66 MiB per rank
-            for line in results[0].output.splitlines():
-                if line.startswith(TAG):
-                    r = json.loads(line[len(TAG):])
-                    times.setdefault(r["name"], []).extend(r["times"])
-                    calls[r["name"]] = r["collectives"]
+            for r in worker_records(spec_path, steps=args.steps, repeats=args.repeats, world_size=world):
+                times.setdefault(r["name"], []).extend(r["times"])
+                calls[r["name"]] = r["collectives"]
     wall = time.perf_counter() - t0
     shutil.rmtree(work, ignore_errors=True)
     print(f"{world} gloo rank(s), {args.steps} steps x {args.repeats} batches x {args.launches} launches per config, "
