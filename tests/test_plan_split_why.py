@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_hardening_files import MAKE_CHECKPOINT, _tree
 
 from dstk import plan as planner
 from dstk.cli import main
@@ -165,27 +166,11 @@ def test_plan_writes_the_bucket_of_the_fullest_stage(capsys, tmp_path):
 
 # --- dstk export --force ------------------------------------------------------------------------------------
 
-MAKE = r"""
-import sys, torch
-from pathlib import Path
-from transformers import LlamaConfig, LlamaForCausalLM
-root, old = Path(sys.argv[1]), Path(sys.argv[2])
-cfg = LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
-                  num_key_value_heads=2, vocab_size=64, max_position_embeddings=32)
-torch.manual_seed(0)
-model = LlamaForCausalLM(cfg)
-tag = root / "global_step1"
-tag.mkdir(parents=True)
-torch.save({"module": model.state_dict(), "ds_config": {}}, tag / "mp_rank_00_model_states.pt")
-(root / "latest").write_text("global_step1")
-cfg.save_pretrained(root)
+MAKE = MAKE_CHECKPOINT + r"""
+old = Path(sys.argv[2])
 torch.manual_seed(1)  # an older export of other weights, in shards (model-0000k-of-0000n + index)
 LlamaForCausalLM(cfg).save_pretrained(old, max_shard_size="8KB")
 """
-
-
-def _tree(directory: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
