@@ -276,10 +276,15 @@ def _bandwidth(*, group: int, stride: int, cluster, share_nics: bool = True) -> 
         from dstk.hardware import get_interconnect
 
         net = get_interconnect("ib-ndr")
-    per_node = min(cluster.gpus_per_node, cluster.world_size)
-    members = min(group, per_node // stride) if share_nics and stride < per_node else 1
-    per_gpu = net.node_bytes_per_s * net.efficiency * members / per_node
+    members = members_per_node(group=group, stride=stride, cluster=cluster) if share_nics else 1
+    per_gpu = net.node_bytes_per_s * net.efficiency * members / min(cluster.gpus_per_node, cluster.world_size)
     return min(intra, per_gpu), net.latency_s
+
+
+def members_per_node(*, group: int, stride: int, cluster) -> int:
+    """Ranks of a group of ``group`` ranks ``stride`` apart (TP numbered fastest) in one node:
+    ``min(group, gpus_per_node / stride)``, at least 1 (one a node once the stride spans a node)."""
+    return max(1, min(group, min(cluster.gpus_per_node, cluster.world_size) // stride))
 
 
 def stage_params(f: _Facts, *, layers: int, first: bool, last: bool, tp: int, pp: int,

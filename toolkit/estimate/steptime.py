@@ -834,12 +834,12 @@ def nccl_latency_seconds(*, kind: str, ranks: int, nodes: int, algorithm: str = 
 
 def group_nodes(*, group: int, stride: int, cluster) -> int:
     """Nodes a group of ``group`` ranks ``stride`` apart spans (ranks numbered TP fastest):
-    ``ceil(group / r)``, ``r = min(group, gpus_per_node / stride)`` members per node."""
-    per_node = min(cluster.gpus_per_node, cluster.world_size)
-    if group * stride <= per_node or cluster.num_nodes == 1:
+    ``ceil(group / r)``, ``r`` its members per node (``dstk.estimate.members_per_node``)."""
+    from dstk.estimate import members_per_node
+
+    if group * stride <= min(cluster.gpus_per_node, cluster.world_size) or cluster.num_nodes == 1:
         return 1
-    members = max(1, min(group, per_node // stride))
-    return min(cluster.num_nodes, -(-group // members))
+    return min(cluster.num_nodes, -(-group // members_per_node(group=group, stride=stride, cluster=cluster)))
 
 
 def collective_latency(*, group: int, stride: int, cluster, kind: str = "all_reduce",
