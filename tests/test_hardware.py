@@ -48,6 +48,10 @@ def test_user_file_changes_and_adds_entries(tmp_path):
     ("gpus:\n  new-gpu: {memory_gib: 3}\n", "new-gpu"),
     ("gpus:\n  h100-sxm: {achievable_fraction: 2}\n", "fraction"),
     ("gpu: {}\n", "top-level"),
+    # a quoted number is refused before any arithmetic ("8" * GiB would be a 3 GB string)
+    ("gpus:\n  cpu: {memory_gib: '8'}\n", "gpus.cpu.memory_gib: expected a number"),
+    ("gpus:\n  cpu: {zero3_tensor_seconds: abc}\n", "gpus.cpu.zero3_tensor_seconds: expected a number"),
+    ("gpus:\n  new-gpu: {memory_gib: 3}\n", "needs bf16_tflops, fp16_tflops"),
 ])
 def test_bad_user_file(tmp_path, text, match):
     path = tmp_path / "hw.yaml"

@@ -355,31 +355,45 @@ _GPU_UNITS = {"memory_gib": ("memory_bytes", GiB), "overhead_gib": ("overhead_by
 _NET_UNITS = {"node_gbps": ("node_bytes_per_s", GB)}
 
 
-def _entry(cls, slug: str, fields: dict, units: dict, base, where: str):
+def _entry(cls, slug: str, fields: dict, units: dict, base, *, key: str, location: str):
+    """One catalog entry from a hardware file's ``fields`` (over ``base``'s, if it extends one).
+    Errors say ``key`` (``gpus.SLUG``) and the field, at ``location`` (the file and line)."""
     from dstk.errors import DstkError
 
     if not isinstance(fields, dict):
-        raise DstkError(f"{where}: expected a mapping of fields", location=where)
+        raise DstkError(f"{key}: expected a mapping of fields", location=location)
     values = dataclasses.asdict(base) if base is not None else {}
-    allowed = {f.name for f in dataclasses.fields(cls)} - {"slug"}
-    for key, value in fields.items():
-        if key in units:
-            name, scale = units[key]
-            values[name] = None if value is None else value * scale
-            if name in ("memory_bytes", "overhead_bytes"):
-                values[name] = int(values[name])
-        elif key in allowed:
-            values[key] = value
+    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+    allowed = set(defaults) - {"slug"}
+    for name, value in fields.items():
+        if name not in units and name not in allowed:
+            raise DstkError(f"{key}.{name}: unknown field", hint=f"fields: {', '.join(sorted(allowed | set(units)))}",
+                            location=location)
+        current = values.get(name, defaults.get(name))
+        numeric = name in units or (isinstance(current, (int, float)) and not isinstance(current, bool))
+        if numeric and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            # checked before any arithmetic: "abc" * GiB would build a 3 GB string
+            raise DstkError(f"{key}.{name}: expected a number, got {value!r}", location=location)
+        if name in units:
+            field, scale = units[name]
+            values[field] = None if value is None else value * scale
+            if field in ("memory_bytes", "overhead_bytes"):
+                values[field] = int(values[field])
         else:
-            raise DstkError(f"{where}.{key}: unknown field",
-                            hint=f"fields: {', '.join(sorted(allowed | set(units)))}", location=where)
+            values[name] = value
     values.setdefault("name", slug)
     values["slug"] = slug
+    file_key = {field: file for file, (field, _) in units.items()}
+    missing = [file_key.get(f.name, f.name) for f in dataclasses.fields(cls)
+               if f.name not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise DstkError(f"{key}: a new entry needs {', '.join(missing)}",
+                        hint="give every field of a new entry, or extend an existing slug with 'base: SLUG'",
+                        location=location)
     try:
         return cls(**values)
-    except (TypeError, ValueError) as exc:
-        raise DstkError(f"{where}: {exc}", hint="give every field of a new entry, or extend an existing slug "
-                        "with 'base: SLUG'", location=where) from None
+    except ValueError as exc:  # a field out of range (the dataclass checks name it)
+        raise DstkError(f"{key}.{exc}", location=location) from None
 
 
 MAX_HARDWARE_BYTES = 1 << 20
@@ -429,10 +443,11 @@ def load_catalog(path: str | os.PathLike) -> tuple[dict[str, GPU], dict[str, Int
             slug = str(slug).lower()
             fields = dict(fields or {})
             base_slug = fields.pop("base", None)
+            where = f"{path}:{lines.get(f'{table}.{slug}', 1)}"
             base = out.get(str(base_slug).lower() if base_slug else slug)
             if base_slug and base is None:
-                raise DstkError(f"{path}: {table}.{slug}.base: unknown {base_slug!r}", location=str(path))
-            out[slug] = _entry(cls, slug, fields, units, base, f"{path}: {table}.{slug}")
+                raise DstkError(f"{table}.{slug}.base: unknown {base_slug!r}", location=where)
+            out[slug] = _entry(cls, slug, fields, units, base, key=f"{table}.{slug}", location=where)
     return gpus, nets
 
 
