@@ -273,3 +273,29 @@ def test_optimizer_states_for_frozen_weights_are_rejected(monkeypatch):
     monkeypatch.setattr(lora_est, "model_states", as_if_trainable)
     _, bad = compare()
     assert len(bad) == len(CASES), "the measured peaks should reject optimizer states for frozen weights"
+
+
+def test_the_frozen_base_skips_its_weight_gradient_gemms_as_priced(monkeypatch):
+    """LoRA's backward drops the base's weight-gradient GEMMs: exactly the ones ``layer_seconds``
+    prices, with their own shapes and A100 wave losses (``LayerSeconds.weight_grad_gemm``), not the
+    forward GEMMs' time, which differs from them once waves are priced."""
+    from dstk.estimate import _model_facts
+    from dstk.estimate import steptime as st
+
+    gpu = get_gpu("a100-80gb")
+    spec = get_model("llama-3-8b")
+    facts = _model_facts(spec)
+    lora = Lora(rank=8, alpha=16.0)
+    kw = dict(facts=facts, lf=lora_est.lora_facts(model=spec, lora=lora), lora=lora,
+              layout=Layout(dp=8, micro_batch=1, grad_accum=1), training=Training(seq_len=2048, global_batch=8,
+                                                                                   precision="bf16"),
+              cluster=Cluster(num_nodes=1, gpus_per_node=8, gpu=gpu))
+    base = st.layer_seconds(facts=facts, tokens=2048, seq_len=2048, tp=1, sp=1, act_bytes=2, attention="sdpa",
+                            gpu=gpu, peak_flops=gpu.peak_flops("bf16"))
+    assert base.weight_grad_gemm is not None and abs(base.weight_grad_gemm / base.gemm - 1) > 0.05
+    priced = lora_est.step_terms(**kw).layer_backward_seconds
+    # the same step had the layer not said which GEMMs are weight gradients (the forward's time)
+    plain = st.layer_seconds
+    monkeypatch.setattr(st, "layer_seconds", lambda **k: dataclasses.replace(plain(**k), weight_grad_gemm=None))
+    forward_time = lora_est.step_terms(**kw).layer_backward_seconds
+    assert priced - forward_time == pytest.approx(base.gemm - base.weight_grad_gemm, rel=1e-9)
