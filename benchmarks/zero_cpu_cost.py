@@ -10,6 +10,12 @@ DeepSpeed's torch backend) and the measured ms/step next to ``dstk estimate --co
 ``--zero3-calls`` counts instead ZeRO-3's collectives in forward, backward and ``engine.step()`` of
 steps 1-3 (a tiny and a 5M Llama; generated, default and tighter ``stage3_*`` settings; with and
 without HF's full recompute) next to ``steptime.zero3_gathers`` / ``collective_calls`` (about 40 s).
+``--flush-calls`` counts the gradient reductions of ZeRO-1, 2 and 3 with a ``reduce_bucket_size``
+smaller than the models' largest matrices (the tiny Llama, tied and untied, and the 5M one), so
+how the bucket packs the gradients in backward order decides the count, next to
+``steptime.grad_flushes`` and the old ``ceil(P / bucket)`` (about a minute).
+
+    .venv/bin/python benchmarks/zero_cpu_cost.py --flush-calls
 
 One launch of 2 ranks runs all eight configs in turn (about a minute here). The step is
 ``engine.backward(loss); engine.step()`` over the plan's micro-batch and accumulation, with no
@@ -42,10 +48,12 @@ _OPS = ("all_reduce", "inference_all_reduce", "all_reduce_coalesced", "reduce", 
         "recv", "isend", "irecv")
 
 
-def _backend_counter():
+def _backend_counter(sizes: dict | None = None):
     """``(counts, counting)``: ``counting(True)`` wraps DeepSpeed's torch backend
-    (``deepspeed.comm.torch.TorchBackend``) so that each collective adds one to ``counts[op]``;
-    ``counting(False)`` puts DeepSpeed's own methods back."""
+    (``deepspeed.comm.torch.TorchBackend``) so that each collective adds one to ``counts[op]``
+    (and, given ``sizes``, appends the elements of its last tensor argument, the reduced or
+    scattered input, to ``sizes[op]``); ``counting(False)`` puts DeepSpeed's own methods back."""
+    import torch
     from deepspeed.comm.torch import TorchBackend
 
     counts: dict[str, int] = {}
@@ -56,6 +64,9 @@ def _backend_counter():
 
         def counted(self, *args, **kwargs):
             counts[name] = counts.get(name, 0) + 1
+            if sizes is not None:
+                tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+                sizes.setdefault(name, []).append(tensors[-1].numel() if tensors else 0)
             return inner(self, *args, **kwargs)
         return counted
 
@@ -132,14 +143,17 @@ def count_zero3(*, config: dict, hf_config: dict, seq_len: int, recompute: bool,
     of one micro-batch per step under ``config``, counted by wrapping DeepSpeed's torch backend
     (``deepspeed.comm.torch.TorchBackend``); call once per rank inside an initialised gloo group.
     ``recompute``: HF's ``gradient_checkpointing_enable()`` (full recompute of each layer).
-    Returns one ``{"forward": {op: n}, "backward": ..., "step": ...}`` per step."""
+    Returns one ``{"forward": {op: n}, "backward": ..., "step": ..., "sizes": {phase: {op: [elements,
+    ...]}}}`` per step."""
     import torch
     import deepspeed
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    counts, counting = _backend_counter()
+    sizes: dict[str, list[int]] = {}
+    counts, counting = _backend_counter(sizes)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in hf_config.items() if k != "model_type"}))
+    hf = {k: v for k, v in hf_config.items() if k != "model_type"}
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(hf_config.get("model_type", "llama"), **hf))
     if recompute:
         model.gradient_checkpointing_enable()
     model.train()
@@ -149,9 +163,10 @@ def count_zero3(*, config: dict, hf_config: dict, seq_len: int, recompute: bool,
     counting(True)
     try:
         for _ in range(num_steps):
-            phases = {}
+            phases: dict = {"sizes": {}}
             for phase in _PHASES:
                 counts.clear()
+                sizes.clear()
                 if phase == "forward":
                     loss = engine(input_ids=ids, labels=ids).loss
                 elif phase == "backward":
@@ -159,6 +174,7 @@ def count_zero3(*, config: dict, hf_config: dict, seq_len: int, recompute: bool,
                 else:
                     engine.step()
                 phases[phase] = dict(sorted(counts.items()))
+                phases["sizes"][phase] = {k: list(v) for k, v in sorted(sizes.items())}
             steps.append(phases)
     finally:
         counting(False)
@@ -263,7 +279,8 @@ def predicted_zero3(spec: dict, *, first_step: bool) -> dict:
     params = facts.layers * sum(facts.layer_persistent) + facts.embed + facts.final + facts.lm_head
     calls = st.collective_calls(zero_stage=3, dp=2, tp=1, pp=1, grad_accum=1, stage_layers=facts.layers,
                                 recompute=recompute, trainable_params=params,
-                                reduce_bucket_size=buffers.reduce_bucket_size, zero3=gathers)
+                                reduce_bucket_size=buffers.reduce_bucket_size, zero3=gathers,
+                                grad_tensors=st.stage_grad_tensors(facts, layers=facts.layers, first=True, last=True))
     return {"all_gather": [gathers.forward_calls, gathers.backward_calls, gathers.step_calls],
             "reduce_scatter": calls.dp_buckets, "all_reduce": calls.dp_tail - gathers.step_calls}
 
@@ -275,6 +292,117 @@ def measured_zero3(phases: dict) -> dict:
     return {"all_gather": [ops(p, "all_gather_into_tensor", "all_gather") for p in _PHASES],
             "reduce_scatter": sum(ops(p, "reduce_scatter_tensor", "reduce_scatter") for p in _PHASES),
             "all_reduce": sum(ops(p, "all_reduce") for p in _PHASES)}
+
+
+FLUSH_BASE = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 4,
+              "bf16": {"enabled": True}, "steps_per_print": 2**30,
+              "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "torch_adam": True}}}
+TINY_HF = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 512, "max_position_embeddings": 4096,
+           "tie_word_embeddings": False}
+LARGER_HF = {**TINY_HF, "hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+             "num_key_value_heads": 2, "intermediate_size": 688, "vocab_size": 4096}
+GPT2_HF = {"model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 512, "n_positions": 64}
+FLUSH_CASES = (
+    ("tiny", TINY_HF, 6000), ("tiny", TINY_HF, 20000), ("tiny-tied", {**TINY_HF, "tie_word_embeddings": True}, 6000),
+    ("larger", LARGER_HF, 100000), ("larger", LARGER_HF, 50000),
+    ("gpt2", GPT2_HF, 6000),
+)
+"""Models and ``reduce_bucket_size`` values smaller than their largest tensors: the tiny Llama's
+MLP matrices (8,192 elements) and embedding/head (32,768) exceed 6,000; at 20,000 only the
+embedding and head do; the 5M shape's MLP matrices (176,128) and embedding (1M) exceed 100,000,
+and at 50,000 its q and o projections (65,536) too (one of them straddles the 2 ranks' partition
+boundary). A tiny GPT-2 (tied, learned positions, biases after each matrix) at 6,000: its QKV
+(12,288) and MLP (16,384) matrices exceed the bucket."""
+
+
+def flush_specs() -> list[dict]:
+    """The ``--flush-calls`` cases: ``FLUSH_CASES`` x ZeRO 1, 2, 3 (and ZeRO-1 with ``overlap_comm``,
+    which reduces in backward order), one micro-batch per step, DeepSpeed's other defaults."""
+    specs = []
+    for shape, hf, bucket in FLUSH_CASES:
+        for zero, overlap in ((1, None), (1, True), (2, None), (3, None)):
+            zero_cfg = {"stage": zero, "reduce_bucket_size": bucket}
+            if overlap is not None:
+                zero_cfg["overlap_comm"] = overlap
+            name = f"{shape} bucket={bucket} ZeRO-{zero}{' overlap' if overlap else ''}"
+            specs.append({"name": name, "config": {**FLUSH_BASE, "zero_optimization": zero_cfg}, "hf_config": hf,
+                          "seq_len": 16, "recompute": False})
+    return specs
+
+
+def predicted_flushes(spec: dict) -> dict:
+    """Gradient reductions of one micro-batch (one per step) for ``spec``: what
+    ``steptime.collective_calls`` counts from the model's tensors (``grad_flushes``), and the old
+    ``ceil(P / reduce_bucket_size)``."""
+    from dstk.estimate import _model_facts
+    from dstk.estimate import steptime as st
+    from dstk.estimate.dsconfig import read_settings
+    from dstk.models import family_module
+
+    hf = spec["hf_config"]
+    facts = _model_facts(family_module(hf.get("model_type", "llama")).read(dict(hf), name=spec["name"]))
+    buffers = read_settings(spec["config"]).buffers
+    zero = spec["config"]["zero_optimization"]["stage"]
+    tensors = st.stage_grad_tensors(facts, layers=facts.layers, first=True, last=True)
+    calls = st.collective_calls(zero_stage=zero, dp=2, tp=1, pp=1, grad_accum=1, stage_layers=facts.layers,
+                                trainable_params=sum(tensors), reduce_bucket_size=buffers.reduce_bucket_size,
+                                grad_tensors=tensors, overlap_comm=buffers.overlaps(zero))
+    return {"flushes": calls.dp_buckets, "sizes": [int(e) for e in calls.dp_bucket_elements],
+            "ceil": -int(-sum(tensors) // buffers.reduce_bucket_size)}
+
+
+def measured_flushes(phases: dict, *, zero: int) -> int:
+    """Gradient reductions in ``count_zero3``'s phases of one step: ZeRO-3's reduce-scatters (all in
+    backward), ZeRO-1/2's all-reduces in backward (the overflow flag and the norm are ``step()``'s)."""
+    names = ("reduce_scatter_tensor", "reduce_scatter") if zero == 3 else ("all_reduce", "reduce")
+    return sum(phases["backward"].get(n, 0) for n in names)
+
+
+def measured_flush_sizes(phases: dict, *, zero: int) -> list[int]:
+    """Elements of each of ``measured_flushes``' calls, in issue order (one op kind per stage)."""
+    name = "reduce_scatter_tensor" if zero == 3 else "all_reduce"
+    return phases["sizes"]["backward"].get(name, [])
+
+
+def _flush_calls() -> None:
+    work = Path(tempfile.mkdtemp(prefix="dstk-flush-calls-"))
+    specs = flush_specs()
+    spec_path = work / "specs.json"
+    spec_path.write_text(json.dumps(specs))
+    sys.path.insert(0, str(ROOT / "tests"))
+    from dist import run_ranks
+
+    t0 = time.perf_counter()
+    results = run_ranks(__file__, "--count-worker", str(spec_path), env={"PYTHONPATH": str(ROOT)}, timeout=900)
+    wall = time.perf_counter() - t0
+    from dstk.launch.shm import leaked_buffers, remove_leaked
+
+    remove_leaked(leaked_buffers())
+    shutil.rmtree(work, ignore_errors=True)
+    measured = {}
+    for line in results[0].output.splitlines():
+        if line.startswith(TAG):
+            r = json.loads(line[len(TAG):])
+            measured[r["name"]] = r["steps"]
+    print(f"Gradient reductions per micro-batch on 2 gloo ranks (steps 1-3), {wall:.0f} s wall")
+    print("sizes: whether every call's elements (in issue order) are the predicted flush's")
+    print(f"{'config':<40} {'measured':>12} {'flushes':>8} {'sizes':>6} {'ceil(P/B)':>9}")
+    rows = same = same_sizes = same_ceil = 0
+    for spec in specs:
+        zero = spec["config"]["zero_optimization"]["stage"]
+        got = [measured_flushes(p, zero=zero) for p in measured[spec["name"]]]
+        want = predicted_flushes(spec)
+        sizes = all(measured_flush_sizes(p, zero=zero) == want["sizes"] for p in measured[spec["name"]])
+        rows += 1
+        same += all(g == want["flushes"] for g in got)
+        same_sizes += sizes
+        same_ceil += all(g == want["ceil"] for g in got)
+        print(f"{spec['name']:<40} {'/'.join(map(str, got)):>12} {want['flushes']:>8} "
+              f"{'same' if sizes else 'differ':>6} {want['ceil']:>9}"
+              f"{'' if all(g == want['flushes'] for g in got) else '  <- differs'}")
+    print(f"{same} of {rows} configs' counts predicted exactly by the flushes ({same_sizes} call by call, sizes "
+          f"included), {same_ceil} by ceil(P / bucket)")
 
 
 def _zero3_calls() -> None:
@@ -325,6 +453,9 @@ def main() -> None:
     parser.add_argument("--zero3-calls", action="store_true",
                         help="count ZeRO-3's collectives per phase instead (tiny and larger Llama, generated and "
                              "default configs, with and without recompute) next to collective_calls'")
+    parser.add_argument("--flush-calls", action="store_true",
+                        help="count ZeRO-1/2/3's gradient reductions with buckets smaller than the largest matrices "
+                             "next to steptime.grad_flushes'")
     parser.add_argument("--worker", metavar="SPECS", help=argparse.SUPPRESS)
     parser.add_argument("--count-worker", metavar="SPECS", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -336,6 +467,9 @@ def main() -> None:
         return
     if args.zero3_calls:
         _zero3_calls()
+        return
+    if args.flush_calls:
+        _flush_calls()
         return
     work = Path(tempfile.mkdtemp(prefix="dstk-zero-cost-"))
     hw = ["--hardware", args.hardware] if args.hardware else []

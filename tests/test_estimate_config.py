@@ -24,7 +24,8 @@ TINY = ("model:\n  num_layers: 2\n  hidden_size: 64\n  num_heads: 4\n  num_kv_he
         "training: {seq_len: 64, global_batch: 8, precision: bf16}\n")
 
 FIELDS = ("reduce_bucket_size", "allgather_bucket_size", "overlap_comm", "contiguous_gradients",
-          "prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters", "max_reuse_distance")
+          "prefetch_bucket_size", "param_persistence_threshold", "max_live_parameters", "max_reuse_distance",
+          "reduce_scatter", "use_multi_rank_bucket_allreduce")
 
 USER_CONFIGS = [  # as users write them: stage, precision, optimizer, micro-batch; DeepSpeed's defaults for the rest
     {"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": True}, "zero_optimization": {"stage": stage},
@@ -37,6 +38,9 @@ USER_CONFIGS = [  # as users write them: stage, precision, optimizer, micro-batc
         "stage": 3, "overlap_comm": False, "reduce_bucket_size": 1.5e7, "stage3_prefetch_bucket_size": 7e6,
         "stage3_param_persistence_threshold": 4e4, "stage3_max_live_parameters": 3e8, "stage3_max_reuse_distance": 2e8,
         "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "nvme", "nvme_path": "/x"}}},
+    {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {
+        "stage": 2, "use_multi_rank_bucket_allreduce": False}},
+    {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1, "reduce_scatter": False}},
     {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {  # the unprefixed aliases
         "stage": 3, "prefetch_bucket_size": 11, "param_persistence_threshold": 12, "max_live_parameters": 13,
         "max_reuse_distance": 14}},

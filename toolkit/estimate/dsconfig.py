@@ -193,7 +193,7 @@ def read_settings(config: object, *, hidden_size: int | None = None,
             continue
         value = r.integer(zero, present[0], zp, minimum=minimum)
         knobs[field] = (value, f"{zp}/{present[0]}", present[0])
-    for field in ("overlap_comm", "contiguous_gradients"):
+    for field in ("overlap_comm", "contiguous_gradients", "reduce_scatter", "use_multi_rank_bucket_allreduce"):
         if zero.get(field) == AUTO:
             r.notes.append(f'{field} is "auto": transformers does not fill it; DeepSpeed uses its default')
             continue

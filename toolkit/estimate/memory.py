@@ -129,6 +129,18 @@ class ZeroBuffers:
     """``stage3_max_live_parameters``."""
     max_reuse_distance: float = 1e9
     """``stage3_max_reuse_distance``."""
+    reduce_scatter: bool = True
+    """ZeRO-1/2's ``reduce_scatter``: False all-reduces each bucket whole
+    (``gradient_reduction_w_predivide``)."""
+    use_multi_rank_bucket_allreduce: bool = True
+    """ZeRO-1/2 (``stage_1_and_2.py`` ``average_tensor``, DeepSpeed 0.19.8): True (the default)
+    **all-reduces** each gradient bucket (``allreduce_and_scatter``) and every rank keeps its slice;
+    False reduces each slice to the rank that owns it (``dist.reduce``, one call per owner), about a
+    reduce-scatter's traffic. Either way ZeRO-2 reduces in every micro-step."""
+
+    def bucket_all_reduces(self) -> bool:
+        """Whether ZeRO-1/2 move a whole all-reduce's traffic per gradient bucket (DeepSpeed's default)."""
+        return self.use_multi_rank_bucket_allreduce or not self.reduce_scatter
 
     def overlaps(self, zero_stage: int) -> bool:
         """Whether ``overlap_comm`` is in effect for ``zero_stage``, DeepSpeed's default resolved."""

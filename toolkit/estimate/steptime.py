@@ -34,7 +34,9 @@ step around it:
 - **per-call latency**: every collective the layout issues (``collective_calls``) costs NCCL's
   latency for its kind, group and size (``collective_latency``: it grows with the ring, 32 us
   over a node to ~2-5 ms over 1024 GPUs), less the ring alpha its bytes' formula already priced
-  (``latency_extra_seconds``); gloo's flat measured figure on CPU ranks; the ZeRO buckets'
+  (``latency_extra_seconds``); ZeRO's gradient reductions as the bucket flushes DeepSpeed
+  issues over the model's tensors in backward order (``grad_flushes``), each at its own size's
+  latency; gloo's flat measured figure on CPU ranks; the ZeRO buckets'
   latency hides with their bytes under ``overlap_comm`` on a GPU, the calls after backward are
   exposed, and a CPU rank overlaps nothing (what prices small-bucket ZeRO on gloo);
 - **ZeRO's own work** (``zero_overhead_seconds``): its hooks and copies per parameter tensor and
@@ -46,6 +48,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import itertools
 import math
 
 from dstk.estimate import memory as mem
@@ -275,12 +278,18 @@ class ZeroKernels:
     replay_gathers: bool = True
     """ZeRO-3's gathers as DeepSpeed 0.19.8's coordinator issues them (``zero3_gathers``); False:
     each module once forward and once backward (twice under full recompute)."""
+    per_param_reduce: bool = False
+    """ZeRO-3 reduce-scatters every gradient in its own call, persistent ones included, rather than
+    in ``reduce_bucket_size`` flushes (``grad_flushes``): DeepSpeed v0.3.13's stage 3 hands each
+    bucket to ``reduce_gradients_at_owner`` -> ``partition_parameters.py``
+    ``_reduce_scatter_gradients``, a loop of one ``_reduce_scatter_gradient`` per parameter."""
 
 
-DEEPSPEED_2021 = ZeroKernels(share_nics=False, replay_gathers=False)
+DEEPSPEED_2021 = ZeroKernels(share_nics=False, replay_gathers=False, per_param_reduce=True)
 """DeepSpeed as Narayanan et al. 2021 ran ZeRO-3 (v0.3.13-v0.4, spring 2021): one blocking
 ``all_gather`` per parameter, each preceded and followed by ``torch.cuda.synchronize()``
-(``_allgather_param``, ``_synchronize_communication``), and per-parameter reduce-scatters. Its
+(``_allgather_param``, ``_synchronize_communication``), and per-parameter reduce-scatters
+(``per_param_reduce``). Its
 runs moved 12-18 GB/s per GPU over 8 x HDR (Table 2 at micro-batch 1), one GPU's share of the
 node's NICs or less: that share is what this preset prices, one figure for the release line, not
 fitted per row."""
@@ -412,6 +421,10 @@ class CollectiveCalls:
     """TP collectives of the slowest stage (a reduce-scatter + all-gather pair counts two)."""
     pp: int = 0
     """Pipeline point-to-point sends of the slowest stage."""
+    dp_bucket_elements: tuple[float, ...] = ()
+    """Elements of each gradient-reduction call of one reduction pass (a micro-batch for ZeRO-2/3,
+    the accumulation boundary for ZeRO-1), in issue order (``grad_flushes``); empty when the
+    model's tensors are unknown (``dp_buckets`` then comes from ``ceil(P / bucket)``)."""
 
     @property
     def total(self) -> int:
@@ -420,6 +433,109 @@ class CollectiveCalls:
 
 def _ceil_div(a: float, b: float) -> int:
     return max(1, -int(-a // b)) if a > 0 else 0
+
+
+def stage_grad_tensors(facts, *, layers: int, first: bool, last: bool, tp: int = 1,
+                       pp: int = 1) -> tuple[float, ...] | None:
+    """One GPU's trainable tensors of a stage (elements) in the model's parameter order (forward:
+    embedding, ``layers`` x the layer's tensors, final norm, head), as DeepSpeed flattens them;
+    None when only a parameter count is known. AutoTP shards every matrix and keeps norms (width
+    ``h`` or ``head_dim``) and the input embedding whole (``dstk.estimate.stage_params``); a tied
+    head is the embedding (its gradient is ready when the embedding's is), except on the last
+    stage of a pipeline, which holds its own copy."""
+    if facts.shape is None or not facts.layer_persistent:
+        return None
+    h = facts.hidden
+    small = {h, facts.head_dim}
+    out: list[float] = []
+    if first:
+        out += [float(t) for t in facts.embed_tensors]
+    out += [float(t) if t in small else t / tp for t in facts.layer_persistent] * layers
+    if last:
+        if facts.final and facts.final % h == 0:
+            out += [float(h)] * (facts.final // h)
+        elif facts.final:
+            out.append(float(facts.final))
+        if facts.lm_head and not facts.tied:
+            out.append(facts.lm_head / tp)
+        elif facts.tied and pp > 1 and facts.embed_tensors:
+            out.append(facts.embed_tensors[0] / tp)
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=256)
+def grad_flushes(*, tensors: tuple[float, ...], reduce_bucket_size: float, zero_stage: int, dp: int,
+                 ready_order: bool = True, per_param: bool = False) -> tuple[float, ...]:
+    """Elements of each gradient-reduction call DeepSpeed 0.19.8 issues in one reduction pass over
+    ``tensors`` (``stage_grad_tensors``, parameter order), for ZeRO-1/2/3 with
+    ``contiguous_gradients``, ``reduce_scatter`` and ``use_multi_rank_bucket_allreduce`` at their
+    defaults (on).
+
+    - Order: gradients arrive as backward makes them ready, the reverse of the parameter order
+      (``ready_order``); ZeRO-1 without ``overlap_comm`` registers no hooks and reduces at the
+      accumulation boundary in parameter order (``stage_1_and_2.py:971`` ``reduce_gradients``).
+    - Packing: the bucket is flushed when the next gradient would overflow it
+      (``reduce_independent_p_g_buckets_and_remove_grads``: ``stage3.py:1583``, which also needs
+      ``elements > 0``; ``stage_1_and_2.py:1422`` has no such guard, but an empty flush issues no
+      call: ``average_tensor`` finds no parameters). A gradient larger than the bucket thus goes
+      alone (ZeRO-1/2 keep it aside, ``extra_large_param_to_reduce``, line 1449) and the next one
+      flushes it; the last bucket is flushed when backward ends.
+    - Calls per flush: ZeRO-3 one ``reduce_scatter_tensor`` (``__avg_scatter_grads`` ->
+      ``reduce_scatter_coalesced``). ZeRO-1/2 one all-reduce of the bucket
+      (``average_tensor`` -> ``allreduce_and_scatter``, line 1545), which splits its slices (a
+      gradient cut at the ``dp`` partition boundaries of the flat group) into calls of more than
+      ``reduce_bucket_size`` elements each: a bucket of at most that many elements is one call; an
+      oversized gradient is one call per partition boundary it crosses after the running slices
+      passed the bucket size, plus the remainder.
+    - ``per_param`` (DeepSpeed v0.3.13's ZeRO-3, ``ZeroKernels.per_param_reduce``): one call per
+      tensor.
+
+    Checked call by call (each call's elements, in order) on 2 gloo ranks with buckets smaller
+    than the largest matrices (tiny and 5M Llamas, tied and untied, a tiny GPT-2; ZeRO-1 with
+    ``overlap_comm``, 2, 3): ``benchmarks/zero_cpu_cost.py --flush-calls``. The partitions are
+    ``P / dp`` (DeepSpeed's alignment padding left out) over ``tensors``' order, the forward
+    order; ZeRO-1 without ``overlap_comm`` follows the order the module registered its
+    parameters, which for HF's Llama puts a layer's two norms after its MLP: with matrices over
+    the bucket each norm flushes alone here and with the other there (measured 34 calls where
+    this counts 39 on the 4-layer Llama at 50,000)."""
+    if per_param:
+        return tuple(t for t in tensors if t > 0)
+    order = tuple(reversed(tensors)) if ready_order else tensors
+    index = range(len(tensors) - 1, -1, -1) if ready_order else range(len(tensors))
+    partition = sum(tensors) / max(dp, 1)
+    offsets = list(itertools.accumulate(tensors, initial=0.0))  # the flat group, in parameter order
+    calls: list[float] = []
+
+    def flush(sizes: list[float], position: int) -> None:
+        if not sizes:
+            return
+        if zero_stage == 3 or len(sizes) > 1 or sizes[0] <= reduce_bucket_size:
+            calls.append(sum(sizes))
+            return
+        pos, end, run = offsets[position], offsets[position] + sizes[0], 0.0
+        while pos < end:  # the oversized gradient's slices, cut at partition boundaries
+            cut = min(end, (int(pos // partition) + 1) * partition)
+            run += cut - pos
+            pos = cut
+            if run > reduce_bucket_size:
+                calls.append(run)
+                run = 0.0
+        if run > 0:
+            calls.append(run)
+
+    bucket: list[float] = []
+    held, last = 0.0, 0
+    for i, t in zip(index, order):
+        if t <= 0:
+            continue
+        if bucket and held + t > reduce_bucket_size:
+            flush(bucket, last)
+            bucket, held = [], 0.0
+        bucket.append(t)
+        held += t
+        last = i
+    flush(bucket, last)
+    return tuple(calls)
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
@@ -676,23 +792,30 @@ def zero3_gathers(*, facts, buffers: mem.ZeroBuffers, tp: int = 1, stage_layers:
 def collective_calls(*, zero_stage: int, dp: int, tp: int, pp: int, grad_accum: int, virtual_stages: int = 1,
                      stage_layers: int, recompute: str = "none", sequence_parallel: bool = False,
                      trainable_params: float, reduce_bucket_size: float, modules_per_layer: int = 7,
-                     engine: str = "deepspeed", zero3: Zero3Gathers | None = None) -> CollectiveCalls:
+                     engine: str = "deepspeed", zero3: Zero3Gathers | None = None,
+                     grad_tensors: tuple[float, ...] | None = None, overlap_comm: bool | None = None,
+                     per_param_reduce: bool = False) -> CollectiveCalls:
     """``CollectiveCalls`` of one step, counted as DeepSpeed 0.19.8 issues them (each count was
     checked on 2 gloo ranks by ``benchmarks/zero_cpu_cost.py``, which wraps DeepSpeed's backend):
 
     - ZeRO-0: ``ceil(P / allreduce_bucket_size)`` flat all-reduces after backward (5e8 elements,
       ``engine.allreduce_gradients`` -> ``buffered_allreduce_fallback``); Megatron's DDP reduces
       once after backward likewise (one call);
-    - ZeRO-1/2: ``ceil(P / reduce_bucket_size)`` bucket reductions (``stage_1_and_2.py``
+    - ZeRO-1/2: the bucket flushes of ``grad_flushes`` over ``grad_tensors`` (the stage's
+      tensors, ``stage_grad_tensors``; ``stage_1_and_2.py``
       ``reduce_independent_p_g_buckets_and_remove_grads`` reduces a bucket when the next gradient
-      would overflow it), once per step for ZeRO-1 (reduced at the accumulation boundary) and in
-      every micro-step for ZeRO-2 (it keeps only its partition); then ``step()`` all-reduces the
-      overflow flag (``check_overflow`` -> ``has_overflow``, line 3242) and the gradient norm
-      (``scaled_global_norm`` -> ``get_grad_norm_direct``, line 2693), and all-gathers the updated
-      partitions (``all_gather_dp_groups``, line 3155: one ``all_gather_into_tensor`` per parameter
-      group where torch has it, ``allgather_bucket_size`` unused): 3 tail calls;
-    - ZeRO-3: ``ceil(P / reduce_bucket_size)`` reduce-scatters per micro-batch (``stage3.py:1583``
-      flushes the bucket when the next gradient would overflow it), the parameter all-gathers of
+      would overflow it; ZeRO-1 in parameter order unless ``overlap_comm``, DeepSpeed's default
+      off; without ``grad_tensors`` ``ceil(P / reduce_bucket_size)``), once per step for ZeRO-1
+      (reduced at the accumulation boundary) and in every micro-step for ZeRO-2 (it keeps only
+      its partition); then ``step()`` all-reduces the overflow flag (``check_overflow`` ->
+      ``has_overflow``, line 3242) and the gradient norm (``scaled_global_norm`` ->
+      ``get_grad_norm_direct``, line 2693), and all-gathers the updated partitions
+      (``all_gather_dp_groups``, line 3155: one ``all_gather_into_tensor`` per parameter group
+      where torch has it, ``allgather_bucket_size`` unused): 3 tail calls;
+    - ZeRO-3: ``grad_flushes``' reduce-scatters per micro-batch (``stage3.py:1583`` flushes the
+      bucket when the next gradient would overflow it; one per tensor under ``per_param_reduce``,
+      DeepSpeed v0.3.13; without ``grad_tensors`` ``ceil(P / reduce_bucket_size)``), the parameter
+      all-gathers of
       ``zero3`` (``zero3_gathers``: forward and backward per micro-batch; after the step one per
       persistent parameter, counted in the tail with the norm all-reduce); without ``zero3`` (the
       model's tensors unknown) one all-gather per parameterised module per micro-batch;
@@ -702,18 +825,26 @@ def collective_calls(*, zero_stage: int, dp: int, tp: int, pp: int, grad_accum: 
 
     ``P`` is the rank's trainable elements before ZeRO sharding (ZeRO reduces every gradient)."""
     m = grad_accum
-    out: dict[str, int] = {}
+    out: dict = {}
+    flushes = None
+    if dp > 1 and trainable_params > 0 and zero_stage in (1, 2, 3) and engine != "megatron" and grad_tensors:
+        overlap = (zero_stage == 3) if overlap_comm is None else overlap_comm
+        flushes = grad_flushes(tensors=grad_tensors, reduce_bucket_size=float(reduce_bucket_size),
+                               zero_stage=zero_stage, dp=dp, ready_order=zero_stage != 1 or overlap,
+                               per_param=per_param_reduce and zero_stage == 3)
+        out["dp_bucket_elements"] = flushes
     if dp > 1 and trainable_params > 0:
         if engine == "megatron":
             out["dp_buckets"] = 1
         elif zero_stage == 0:
             out["dp_buckets"] = _ceil_div(trainable_params, DS_ALLREDUCE_BUCKET_ELEMENTS)
         elif zero_stage in (1, 2):
-            buckets = _ceil_div(trainable_params, reduce_bucket_size)
+            buckets = len(flushes) if flushes is not None else _ceil_div(trainable_params, reduce_bucket_size)
             out["dp_buckets"] = buckets * (m if zero_stage == 2 else 1)
             out["dp_tail"] = 3
         else:
-            out["dp_buckets"] = m * _ceil_div(trainable_params, reduce_bucket_size)
+            out["dp_buckets"] = m * (len(flushes) if flushes is not None
+                                     else _ceil_div(trainable_params, reduce_bucket_size))
             if zero3 is None:
                 out["zero3_gathers"] = m * (stage_layers * modules_per_layer + 2)
                 out["dp_tail"] = 1
@@ -986,15 +1117,32 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
                                  stage_layers=counts[worst], trainable_params=worst_params,
                                  reduce_bucket_size=buffers.reduce_bucket_size,
                                  modules_per_layer=modules_per_layer(f), engine="megatron" if megatron else "deepspeed",
-                                 zero3=zero3)
+                                 zero3=zero3, overlap_comm=buffers.overlaps(layout.zero_stage),
+                                 grad_tensors=None if lora is not None else stage_grad_tensors(
+                                     f, layers=counts[worst], first=worst == 0, last=worst == pp - 1, tp=tp, pp=pp),
+                                 per_param_reduce=zero_kernels.per_param_reduce)
         sync = gpu.is_cpu
         # Each call at NCCL's latency for its kind, group and size (``collective_latency``), less
         # the ring alpha the bandwidth formula of the same bytes already priced.
         bucket_bytes = w * (worst_params if megatron else min(
             worst_params, DS_ALLREDUCE_BUCKET_ELEMENTS if layout.zero_stage == 0 else buffers.reduce_bucket_size))
-        bucket_kind = "reduce_scatter" if layout.zero_stage >= 2 else "all_reduce"
+        # ZeRO-2 all-reduces its buckets unless ``use_multi_rank_bucket_allreduce`` is off
+        # (``ZeroBuffers.bucket_all_reduces``); ZeRO-3 reduce-scatters.
+        zero2_all_reduce = layout.zero_stage == 2 and not megatron and buffers.bucket_all_reduces()
+        bucket_kind = "reduce_scatter" if layout.zero_stage >= 2 and not zero2_all_reduce else "all_reduce"
         call = collective_latency(group=dp, stride=tp, cluster=cluster, kind=bucket_kind, nbytes=bucket_bytes)
         small = collective_latency(group=dp, stride=tp, cluster=cluster)  # a norm or overflow flag
+        # The gradient flushes of one reduction pass, each at its own size's latency (``grad_flushes``:
+        # a flush of a few norms costs less than a full bucket); without the model's tensors every
+        # bucket at the full bucket's.
+        if calls.dp_bucket_elements:
+            sizes: dict[float, int] = {}
+            for e in calls.dp_bucket_elements:
+                sizes[e] = sizes.get(e, 0) + 1
+            pass_calls = sum(k * collective_latency(group=dp, stride=tp, cluster=cluster, kind=bucket_kind,
+                                                    nbytes=w * e) for e, k in sizes.items())
+        else:
+            pass_calls = calls.dp_buckets / (m if layout.zero_stage in (2, 3) and not megatron else 1) * call
         if layout.zero_stage == 3:  # the norm, then one all-gather per persistent tensor
             tail = small + (calls.dp_tail - 1) * collective_latency(group=dp, stride=tp, cluster=cluster,
                                                                      kind="all_gather")
@@ -1007,7 +1155,7 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
         if layout.zero_stage == 3:
             one = tm.ring_gather_seconds(nbytes=gathered_bytes, ranks=dp, bandwidth=bw, latency=lat)
             rs = tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)  # LoRA: adapters
-            rs += latency_extra_seconds(call_seconds=calls.dp_buckets / m * call, priced_seconds=(dp - 1) * lat)
+            rs += latency_extra_seconds(call_seconds=pass_calls, priced_seconds=(dp - 1) * lat)
             # The gathers' bytes (as full passes over the stage, ``one`` each) and calls in forward
             # and in backward, as DeepSpeed issues them (``zero3_gathers``); without the model's
             # tensors, a pass forward and one (two under full recompute) in backward, each module
@@ -1041,19 +1189,27 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
             exposed_zero3 = m * (per_mb - mb_compute - stage_tp)
             exposed_dp = tail
         elif layout.zero_stage == 2:
-            # DeepSpeed's stage 2 reduce-scatters in every micro-step (it keeps only a gradient
-            # partition), then all-gathers the updated parameters once.
+            # DeepSpeed's stage 2 reduces its gradients in every micro-step (it keeps only a gradient
+            # partition), then all-gathers the updated parameters once. Each bucket is all-reduced
+            # whole by default (``stage_1_and_2.py`` ``average_tensor`` -> ``allreduce_and_scatter``,
+            # ``use_multi_rank_bucket_allreduce=True``; ``benchmarks/zero_cpu_cost.py --flush-calls``
+            # counts those all-reduces): a whole all-reduce's traffic per micro-step, not a
+            # reduce-scatter's; with it off, one ``reduce`` per owning rank, about a reduce-scatter's.
             rs = tm.ring_gather_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
-            reduce = rs + latency_extra_seconds(call_seconds=calls.dp_buckets / m * call,
-                                                priced_seconds=(dp - 1) * lat)
+            if zero2_all_reduce:
+                moved = tm.ring_allreduce_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
+                alpha, one_bucket = 2 * (dp - 1) * lat, bucket
+            else:
+                moved, alpha, one_bucket = rs, (dp - 1) * lat, bucket / 2
+            reduce = moved + latency_extra_seconds(call_seconds=pass_calls, priced_seconds=alpha)
             dp_seconds = m * reduce + rs + tail
             exposed_dp = m * _dp_exposed_seconds(seconds=reduce, backward_seconds=stage_bwd,
-                                                 bucket_seconds=bucket / 2 + latency_extra_seconds(
-                                                     call_seconds=call, priced_seconds=(dp - 1) * lat),
+                                                 bucket_seconds=one_bucket + latency_extra_seconds(
+                                                     call_seconds=call, priced_seconds=alpha),
                                                  overlap=buffers.overlaps(2) and not sync) + rs + tail
         else:
             dp_seconds = tm.ring_allreduce_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
-            dp_seconds += latency_extra_seconds(call_seconds=calls.dp_buckets * call,
+            dp_seconds += latency_extra_seconds(call_seconds=pass_calls,
                                                 priced_seconds=2 * (dp - 1) * lat)
             overlap = layout.zero_stage == 1 and buffers.overlaps(1) and not megatron and not sync
             exposed_dp = _dp_exposed_seconds(seconds=dp_seconds, backward_seconds=stage_bwd,
