@@ -16,7 +16,9 @@ rank's, as ``dstk.launch.allreduce`` reports the slowest rank's time):
   The peak is the catalog's datasheet figure on a GPU; a CPU rank has no datasheet peak, so its peak (``bf16_tflops`` etc. for the precision
   measured) is the best GEMM of the sweep and the curve is relative to it. A GPU GEMM above the
   catalog peak means the catalog entry is not this device: the peak is raised to the measured
-  figure and the report says so.
+  figure and the report says so. Where the entry has ``num_sms`` (A100), each shape's share is
+  divided by its wave share (``efficiency_curve``): the time model applies wave quantization on
+  top of the curve, and a measured time already holds it.
 - ``hbm_gbps``: copy bandwidth, 2 bytes moved per byte copied (STREAM "Copy", McCalpin).
 - ``intra_node_efficiency``: all-reduce bus bandwidth (nccl-tests' ``busbw = algbw * 2(n-1)/n``,
   NVIDIA/nccl-tests doc/PERFORMANCE.md) at the largest size, over the catalog's link bandwidth;
@@ -28,6 +30,10 @@ rank's, as ``dstk.launch.allreduce`` reports the slowest rank's time):
 - ``step_overhead_seconds``: the measured 1-layer step less what the time model prices for that
   step with the profile's other figures (``priced_floor_step_seconds``: its layer, embedding,
   head and loss, optimizer, gradient all-reduce), so that no part of a plan's step is priced twice.
+- ``zero_tensor_seconds`` / ``zero3_tensor_seconds`` (CPU ranks): DeepSpeed steps of the floor's
+  Llama at two depths under ZeRO 0, 1 and 3 (``dstk.launch.zero_cost``), each stage's step less
+  ZeRO-0's less the collectives the time model prices, per parameter tensor by least squares
+  (``fit_zero_tensor_seconds``). On GPUs the catalog's (0).
 - Not measured, kept from the catalog: memory, ``achievable_fraction`` (the fallback for GEMMs
   when there is no curve), host link, overhead. The operator floor (one small operator's time)
   is reported but is not a catalog field.
@@ -69,6 +75,16 @@ class BusPoint:
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class ZeroStep:
+    """One DeepSpeed step of the floor's Llama under one ZeRO stage (``dstk.launch.zero_cost``): the
+    fastest batch's seconds per step, slowest rank."""
+
+    zero_stage: int
+    num_layers: int
+    seconds: float
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
 class Measurements:
     """What the ranks measured (``dstk.launch.measure`` and ``dstk.launch.allreduce``)."""
 
@@ -93,6 +109,10 @@ class Measurements:
     the measurement (``LOADED_SPREAD``)."""
     threads: int | None = None
     """Intra-op threads of a rank (``torch.get_num_threads()``)."""
+    zero_steps: tuple[ZeroStep, ...] = ()
+    """ZeRO 0/1/3 steps of the floor's Llama at two depths (CPU ranks; empty on GPUs)."""
+    zero_wall_seconds: float | None = None
+    """What measuring ``zero_steps`` took (engines built, warmed and timed), slowest rank."""
 
     def __post_init__(self) -> None:
         if self.precision not in _PEAK_KEY:
@@ -148,12 +168,21 @@ def from_rank_reports(*, measure: dict, allreduce: list[dict]) -> Measurements:
         spreads = [r["layer_steps"]["median"]["1"] / r["layer_steps"]["1"] for r in ranks
                    if (r.get("layer_steps") or {}).get("median") and r["layer_steps"]["1"] > 0]
         spread = max(spreads) if spreads else None
+    zero: list[ZeroStep] = []
+    reports = [r["zero_steps"] for r in ranks if r.get("zero_steps")]
+    if reports and len(reports) == len(ranks):
+        for stage in reports[0]["seconds"]:
+            for i, layers in enumerate(reports[0]["layers"]):
+                zero.append(ZeroStep(zero_stage=int(stage), num_layers=int(layers),
+                                     seconds=max(r["seconds"][stage][i] for r in reports)))
     return Measurements(precision=measure["precision"], num_ranks=measure["world_size"], device=ranks[0]["device"],
                         backend=measure["backend"], gemm=tuple(points),
                         memory_bytes_per_s=min(r["memory_bytes_per_s"] for r in ranks),
                         op_seconds=max(r["op_seconds"] for r in ranks), allreduce=bus,
                         device_name=ranks[0].get("device_name"), layer_overhead_seconds=floor,
-                        step_fixed_seconds=fixed, step_spread=spread, threads=ranks[0].get("threads"))
+                        step_fixed_seconds=fixed, step_spread=spread, threads=ranks[0].get("threads"),
+                        zero_steps=tuple(zero),
+                        zero_wall_seconds=max((r.get("wall_seconds") or 0.0 for r in reports), default=None))
 
 
 def _allreduce_seconds(point: BusPoint, num_ranks: int) -> float:
@@ -198,11 +227,13 @@ def _floor_model() -> str:
             f"{f['micro_batch']} x {f['seq_len']} tokens")
 
 
-def priced_floor_step_seconds(*, gpu: GPU, num_ranks: int, precision: str) -> float:
-    """What the step time model (``dstk.estimate.estimate``, the planner's) prices for the 1-layer step
-    of ``dstk.launch.measure.FLOOR_MODEL`` that the ranks timed (ZeRO 0 over ``num_ranks`` ranks, one
-    micro-batch of ``micro_batch x seq_len`` tokens), with ``gpu``'s figures: its layer at the floor,
-    the embedding, the head and loss, the optimizer step and the gradient all-reduce."""
+def priced_floor_step_seconds(*, gpu: GPU, num_ranks: int, precision: str, num_layers: int = 1,
+                              zero_stage: int = 0) -> float:
+    """What the step time model (``dstk.estimate.estimate``, the planner's) prices for the ``num_layers``
+    step of ``dstk.launch.measure.FLOOR_MODEL`` that the ranks timed (ZeRO ``zero_stage`` with DeepSpeed's
+    default buckets over ``num_ranks`` ranks, one micro-batch of ``micro_batch x seq_len`` tokens), with
+    ``gpu``'s figures: its layers at the floor, the embedding, the head and loss, the optimizer step,
+    the gradient all-reduce (ZeRO's collectives and its per-tensor host work)."""
     from dstk.estimate import estimate
     from dstk.hardware import Cluster, get_interconnect, default_interconnect
     from dstk.layout import Layout
@@ -210,11 +241,11 @@ def priced_floor_step_seconds(*, gpu: GPU, num_ranks: int, precision: str) -> fl
     from dstk.models.spec import ModelSpec
     from dstk.intent import intent_from_dict
 
-    spec = ModelSpec.generic(num_layers=1, hidden_size=f["hidden_size"], num_heads=f["num_attention_heads"],
+    spec = ModelSpec.generic(num_layers=num_layers, hidden_size=f["hidden_size"], num_heads=f["num_attention_heads"],
                              vocab_size=f["vocab_size"], ffn_hidden_size=f["intermediate_size"],
                              num_kv_heads=f["num_key_value_heads"])
     training = intent_from_dict({
-        "model": {"num_layers": 1, "hidden_size": f["hidden_size"], "num_heads": f["num_attention_heads"],
+        "model": {"num_layers": num_layers, "hidden_size": f["hidden_size"], "num_heads": f["num_attention_heads"],
                   "num_kv_heads": f["num_key_value_heads"], "ffn_hidden_size": f["intermediate_size"],
                   "vocab_size": f["vocab_size"]},
         "cluster": {"num_nodes": 1, "gpus_per_node": num_ranks, "gpu": gpu.slug},
@@ -222,8 +253,102 @@ def priced_floor_step_seconds(*, gpu: GPU, num_ranks: int, precision: str) -> fl
                      "train_steps": 2, "warmup_steps": 1}}, source="dstk.calibrate").training.to_training()
     cluster = Cluster(num_nodes=1, gpus_per_node=num_ranks, gpu=gpu,
                       interconnect=get_interconnect(default_interconnect(gpu.slug)))
-    layout = Layout(dp=num_ranks, micro_batch=f["micro_batch"], grad_accum=1)
+    layout = Layout(dp=num_ranks, micro_batch=f["micro_batch"], grad_accum=1, zero_stage=zero_stage)
     return estimate(model=spec, layout=layout, training=training, cluster=cluster).time.step_seconds
+
+
+def wave_share(*, point: GemmPoint, num_sms: int | None) -> float:
+    """The share of the time model's full-wave rate at which it runs ``point``'s three training GEMMs:
+    ``3 / sum(1 / w)`` over the wave fractions ``w`` (``dstk.estimate.steptime.wave_fraction``) of
+    their outputs, forward ``m x n``, input gradient ``m x k`` and weight gradient ``k x n`` (over
+    ``K = m``), as ``steptime.layer_seconds`` shapes them; the three have the same FLOPs, so their
+    summed time is the mean of ``1 / w``. 1 without ``num_sms`` (the CPU entry)."""
+    from dstk.estimate.steptime import wave_fraction
+
+    if not num_sms:
+        return 1.0
+    inverse = sum(1.0 / wave_fraction(m=a, n=b, num_sms=num_sms)
+                  for a, b in ((point.m, point.n), (point.m, point.k), (point.k, point.n)))
+    return 3.0 / inverse
+
+
+def efficiency_curve(*, gemm: tuple[GemmPoint, ...], peak_flops: float,
+                     num_sms: int | None) -> tuple[tuple[tuple[float, float], ...], tuple[str, ...]]:
+    """The ``gemm_efficiency`` curve of a sweep: per ``d`` (``GemmPoint.dim``; the least of shapes
+    sharing one), the measured share of ``peak_flops`` over the shape's ``wave_share``, capped at 1;
+    and the shapes the cap bit (faster than full waves allow).
+
+    Why the waves are divided out rather than ``num_sms`` dropped from the profile: the time model
+    prices a GEMM at ``gemm_fraction(min dim) x wave_fraction(its output)``
+    (``steptime._gemm_seconds``), with the curve standing for full waves (Bekman's MAMF, the best
+    rate over shapes). A measured GEMM already holds its own shape's partial last wave (NVIDIA's
+    Matrix Multiplication Background User's Guide, "Wave quantization"), so the raw share of peak
+    would be quantized twice: an A100's d = 2048 sweep point (m = 8192) has a 2048 x 2048 weight
+    gradient of 128 tiles of 256 x 128, two waves of 108 SMs at 59% busy, priced at 0.59 x 0.59.
+    Divided out, each swept shape is priced at its measured time, and a model's GEMMs between the
+    sweep's widths keep the quantization of their own outputs, which a curve keyed by one dimension
+    cannot hold; without ``num_sms`` in the profile every GEMM would instead take the swept shapes'
+    quantization, interpolated by ``d``. Not divided: a CPU (no ``num_sms``)."""
+    curve: dict[int, float] = {}
+    beyond: list[str] = []
+    for p in gemm:
+        raw = p.flops_per_s / peak_flops
+        full = raw / wave_share(point=p, num_sms=num_sms)
+        if full > 1.0 and raw <= 1.0 and num_sms:
+            beyond.append(f"{p.m} x {p.n} x {p.k} at {raw:.3g} of the peak")
+        curve[p.dim] = min(curve.get(p.dim, 1.0), min(1.0, _sig(full, 3)))
+    return tuple((float(d), f) for d, f in sorted(curve.items())), tuple(beyond)
+
+
+_ZERO_FIELD = {1: "zero_tensor_seconds", 3: "zero3_tensor_seconds"}
+
+
+def fit_zero_tensor_seconds(*, gpu: GPU, steps: tuple[ZeroStep, ...], num_ranks: int,
+                            precision: str) -> dict[int, tuple[float, str]]:
+    """Per ZeRO stage measured (1 and 3): ``(seconds per parameter tensor and micro-batch, how)``, the
+    ``GPU.zero_tensor_seconds`` / ``zero3_tensor_seconds`` that make the time model
+    (``steptime.zero_overhead_seconds``) price the measured steps.
+
+    For each depth ``i`` (1 and 3 layers, ``dstk.launch.zero_cost.DEPTHS``), ``D_i`` is the measured
+    ZeRO-Z step less the same depth's ZeRO-0 step (what the stage adds, the load of the run
+    cancelling in part, as the "over Z0" columns of ``benchmarks/zero_dp1_cost.py``), ``P_i`` what
+    the time model prices for that difference with ``gpu``'s figures and no per-tensor work (ZeRO's
+    collectives and their per-call latency over ``num_ranks`` gloo ranks,
+    ``priced_floor_step_seconds``), and ``N_i`` the parameter tensors it charges per step (the
+    priced step's slope in the per-tensor figure). The figure is the least-squares slope through
+    the origin, ``sum N_i (D_i - P_i) / sum N_i^2``, as the catalog's 0.57 ms for ZeRO-3 was fitted
+    over three shapes; never below 0 (the time model already prices all that was measured). Each
+    step is its fastest batch (``dstk.launch.zero_cost``): the least disturbed figure on a shared
+    host. The steps run over every calibrating rank (dp = ``num_ranks``, as plans on those ranks
+    run), not over one: the figure then also takes up what the time model misses of ZeRO's
+    collectives there, as ``step_overhead_seconds`` takes up the rest of the step; over one rank
+    it is the catalog's measurement (``benchmarks/zero_dp1_cost.py --one-rank``)."""
+    seconds = {(s.zero_stage, s.num_layers): s.seconds for s in steps}
+    out: dict[int, tuple[float, str]] = {}
+    unit = 1e-3
+    for stage, field in _ZERO_FIELD.items():
+        depths = sorted(n for z, n in seconds if z == stage and (0, n) in seconds)
+        if not depths:
+            continue
+        zero = dict.fromkeys(_ZERO_FIELD.values(), 0.0)
+        num = den = 0.0
+        parts = []
+        for n in depths:
+            base0 = priced_floor_step_seconds(gpu=gpu.replace(**zero), num_ranks=num_ranks, precision=precision,
+                                              num_layers=n)
+            priced = priced_floor_step_seconds(gpu=gpu.replace(**zero), num_ranks=num_ranks, precision=precision,
+                                               num_layers=n, zero_stage=stage) - base0
+            tensors = (priced_floor_step_seconds(gpu=gpu.replace(**{**zero, field: unit}), num_ranks=num_ranks,
+                                                 precision=precision, num_layers=n, zero_stage=stage)
+                       - base0 - priced) / unit
+            added = seconds[(stage, n)] - seconds[(0, n)]
+            num += tensors * (added - priced)
+            den += tensors * tensors
+            parts.append(f"{n} layer(s): {tensors:.0f} tensors, measured {added * 1e3:+.3g} ms over ZeRO-0, priced "
+                         f"{priced * 1e3:+.3g} ms without per-tensor work (collectives)")
+        if den > 0:
+            out[stage] = (max(0.0, num / den), "; ".join(parts))
+    return out
 
 
 def build_profile(*, base: GPU, measured: Measurements, name: str | None = None) -> Profile:
@@ -250,17 +375,21 @@ def build_profile(*, base: GPU, measured: Measurements, name: str | None = None)
     else:
         peak = catalog_peak
     changes[field] = peak
-    curve: dict[int, float] = {}
-    for p in measured.gemm:
-        curve[p.dim] = min(curve.get(p.dim, 1.0), min(1.0, _sig(p.flops_per_s / peak, 3)))
-    points = tuple((float(d), f) for d, f in sorted(curve.items()))
+    points, beyond = efficiency_curve(gemm=measured.gemm, peak_flops=peak, num_sms=base.num_sms)
     changes["gemm_efficiency"] = points
     m_note = ", ".join(str(m) for m in sorted({p.m for p in measured.gemm}))
+    waves = (f"; the wave quantization of each shape on {base.num_sms} SMs (which the time model applies on top "
+             "of the curve) divided out, so that each swept shape is priced at its measured time"
+             if base.num_sms else "")
     figures.append(Figure(key="gemm_efficiency", value=[[int(d), f] for d, f in points], source="measured",
                           note=f"share of the {measured.precision} peak ({peak / TFLOP:.4g} TFLOP/s"
                                f"{', catalog' if peak == catalog_peak and not base.is_cpu else ''}) of a d x d "
                                f"linear layer's forward + backward GEMMs over m = {m_note} tokens, keyed by d; "
-                               f"fastest of interleaved rounds, slowest of {measured.num_ranks} rank(s)"))
+                               f"fastest of interleaved rounds, slowest of {measured.num_ranks} rank(s){waves}"))
+    if beyond:
+        warnings.append("GEMMs faster than full waves of the catalog's tiles allow (cuBLAS took other tiles or "
+                        f"split K): {', '.join(beyond)}; their curve points are capped at 1, so the profile prices "
+                        "them slower than measured")
     if measured.memory_bytes_per_s:
         changes["hbm_bytes_per_s"] = measured.memory_bytes_per_s
         figures.append(Figure(key="hbm_gbps", value=_sig(measured.memory_bytes_per_s / GB), source="measured",
@@ -345,12 +474,41 @@ def build_profile(*, base: GPU, measured: Measurements, name: str | None = None)
             note=f"the measured 1-layer DeepSpeed step of the floor's Llama ({one * 1e3:.4g} ms, slowest rank) less "
                  f"what the time model prices for it with the figures above ({priced * 1e3:.4g} ms: its layer, "
                  "embedding, head and loss, optimizer, gradient all-reduce): the engine's fixed work")
+    if measured.zero_steps and measured.device == "cpu":
+        # After the link, latency and floors: the collectives the fit subtracts are priced with them.
+        from dstk.errors import DstkError
+
+        try:
+            fitted = fit_zero_tensor_seconds(gpu=gpu, steps=measured.zero_steps, num_ranks=measured.num_ranks,
+                                             precision=measured.precision)
+        except (ValueError, DstkError) as exc:
+            fitted = {}
+            warnings.append(f"zero_tensor_seconds: the time model could not price the ZeRO steps ({exc}); kept the "
+                            "catalog's")
+        for stage, (per_tensor, how) in fitted.items():
+            field = _ZERO_FIELD[stage]
+            value = _sig(per_tensor, 3)
+            gpu = gpu.replace(**{field: value})
+            figures.append(Figure(key=field, value=value, source="measured",
+                                  note=f"ZeRO-{stage}'s host work per parameter tensor and micro-batch: DeepSpeed "
+                                       f"steps of the floor's Llama under ZeRO-{stage} less ZeRO-0 ({how}), less the "
+                                       "collectives the time model prices, least squares per tensor; fastest batch, "
+                                       "slowest rank" + ("" if measured.zero_wall_seconds is None else
+                                                         f"; building and timing the {len(measured.zero_steps)} "
+                                                         f"engines took {measured.zero_wall_seconds:.1f} s")))
+            if per_tensor == 0.0:
+                warnings.append(f"{field}: ZeRO-{stage} added no more than the time model prices for its collectives "
+                                "(0 written)")
     written = {f.key for f in figures}
     for key_, value, note in (("memory_gib", gpu.memory_bytes / 2**30, "device memory"),
                               ("achievable_fraction", gpu.achievable_fraction, "share of peak where no curve applies"),
                               ("intra_node_gbps", gpu.intra_node_bytes_per_s / GB, "link to node peers"),
                               ("host_gbps", gpu.host_bytes_per_s / GB, "host link (offload)"),
-                              ("overhead_gib", gpu.overhead_bytes / 2**30, "framework memory overhead")):
+                              ("overhead_gib", gpu.overhead_bytes / 2**30, "framework memory overhead"),
+                              ("zero_tensor_seconds", gpu.zero_tensor_seconds,
+                               "ZeRO-1/2 host work per tensor, not measured (a GPU, or no transformers)"),
+                              ("zero3_tensor_seconds", gpu.zero3_tensor_seconds,
+                               "ZeRO-3 host work per tensor, not measured (a GPU, or no transformers)")):
         if key_ not in written:
             figures.append(Figure(key=key_, value=_sig(value), source="catalog", note=note))
     if "layer_overhead_seconds" not in written and "layer_overhead_seconds" in GPU.__dataclass_fields__:

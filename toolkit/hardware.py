@@ -77,7 +77,8 @@ class GPU:
     num_sms: int | None = None
     """Streaming multiprocessors: how many output tiles of a GEMM run at once (one wave), what
     wave quantization counts (``dstk.estimate.steptime.wave_fraction``). None: not priced (the
-    ``gemm_efficiency`` curve alone)."""
+    ``gemm_efficiency`` curve alone). A calibrated profile keeps it, its curve measured with the
+    swept shapes' waves divided out (``dstk.calibrate.efficiency_curve``)."""
     layer_overhead_seconds: float = 0.0
     """Floor on one transformer layer's forward + backward per micro-batch, whatever its FLOPs and
     bytes: operator dispatch and kernel launches (~100 operators a layer). Negligible on a GPU
@@ -94,7 +95,8 @@ class GPU:
     ``create_gradient_handling_hooks`` -> ``reduce_ready_partitions_and_remove_grads``) copying
     each gradient into the flat bucket and partition (``steptime.zero_overhead_seconds``). 0 in
     the catalog for GPUs (host Python beside asynchronous kernels at training sizes); measured
-    for the ``cpu`` entry (``benchmarks/zero_dp1_cost.py --one-rank``)."""
+    for the ``cpu`` entry (``benchmarks/zero_dp1_cost.py --one-rank``); ``dstk doctor --calibrate``
+    measures it on CPU ranks (``dstk.calibrate.fit_zero_tensor_seconds``)."""
     zero3_tensor_seconds: float = 0.0
     """ZeRO-3's own host work per parameter tensor and micro-batch, apart from its collectives:
     the module hooks' fetch/release bookkeeping (``parameter_offload.py``
@@ -102,7 +104,7 @@ class GPU:
     ``partitioned_param_coordinator.py`` ``fetch_sub_module``/``release_sub_module``), the
     partition/gather copies and the gradient hook per parameter; paid even over one
     data-parallel rank. 0 in the catalog for GPUs (see ``zero_tensor_seconds``); measured for
-    the ``cpu`` entry."""
+    the ``cpu`` entry, and by ``dstk doctor --calibrate`` on CPU ranks."""
 
     collective_latency_seconds: float = 10e-6
     """Fixed cost of one collective call inside the node, whatever its size (the alpha of

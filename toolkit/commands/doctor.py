@@ -18,7 +18,8 @@ DESCRIPTION = (
     "op-build locks; then start the ranks with the same runner command `dstk launch` "
     "would use and time an all-reduce, reported as nccl-tests does (algbw = bytes/time, busbw = algbw*2(n-1)/n), "
     "with the interface NCCL picked. Exit 1 when any check fails. With --calibrate: measure a GEMM sweep, memory "
-    "bandwidth, the per-layer dispatch floor and all-reduce bus bandwidth on this machine's ranks and write a "
+    "bandwidth, the per-layer dispatch floor, all-reduce bus bandwidth and (CPU ranks) ZeRO's host work per tensor "
+    "on this machine's ranks and write a "
     "hardware profile (--output, the --hardware FILE format of plan/estimate/generate)."
 )
 
@@ -51,8 +52,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--format", choices=["human", "json"], default="human")
     cal = parser.add_argument_group("calibration (--calibrate)")
     cal.add_argument("--calibrate", action="store_true",
-                     help="measure a GEMM sweep, memory bandwidth, the per-layer dispatch floor and all-reduce bus "
-                          "bandwidth on this machine's ranks and write a hardware profile that plan/estimate/generate "
+                     help="measure a GEMM sweep, memory bandwidth, the per-layer dispatch floor, all-reduce bus "
+                          "bandwidth and (CPU ranks) ZeRO's host work per tensor on this machine's ranks and write a "
+                          "hardware profile that plan/estimate/generate "
                           "read with --hardware FILE")
     cal.add_argument("--output", default=None, metavar="FILE",
                      help="where the profile goes (.yaml/.yml or .json; default hardware.yaml); - writes the YAML "

@@ -34,6 +34,8 @@ training). Each rank measures, in this order, with a barrier between the parts:
   256 tokens a rank, ran 7.4-12.7 ms a layer where hidden 32 and 32 tokens ran 4-7 ms, both
   ~20x their FLOPs and bytes at the sweep's rates): the floor is measured at a real small model's
   widths, not at vanishing ones. Skipped (None) where transformers is not installed.
+- **ZeRO's host work** (CPU ranks, ``dstk.launch.zero_cost``): DeepSpeed steps of the same Llama
+  under ZeRO 0, 1 and 3, for ``GPU.zero_tensor_seconds`` / ``zero3_tensor_seconds``.
 
 Timing: ``--warmup`` untimed calls, then the iteration count is doubled until one batch takes
 ``--min-seconds / 5``, then 5 batches are timed: the GEMMs in interleaved rounds (the fastest
@@ -175,8 +177,14 @@ def measure_rank(*, device, precision: str, dims: list[int], tokens: int, copy_b
     barrier()
     steps = layer_step_seconds(device=device, precision=precision, timer=timer, min_seconds=min_seconds,
                                deepspeed_engine=layer_floor == "deepspeed") if layer_floor != "none" else None
+    zero = None
+    if layer_floor == "deepspeed":  # ZeRO's host work per tensor, CPU ranks only (dstk.launch.zero_cost)
+        from dstk.launch.zero_cost import zero_step_seconds
+
+        barrier()
+        zero = zero_step_seconds(device=device, precision=precision, timer=timer)
     return {"gemm": gemm, "copy_bytes_moved": moved, "copy_seconds": copy_s, "memory_bytes_per_s": moved / copy_s,
-            "op_seconds": op_s, "layer_steps": steps,
+            "op_seconds": op_s, "layer_steps": steps, "zero_steps": zero,
             "layer_overhead_seconds": None if steps is None else steps["floor"]}
 
 
