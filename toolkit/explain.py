@@ -209,14 +209,25 @@ def memory_table(rep: dict, *, bars: bool = True) -> tuple[str, list, list[list[
     return f"Memory per GPU{where} ({unit})", cols, rows
 
 
+_IN_COMPUTE = {"tp": "TP comm", "pp": "pipeline sends"}
+"""Communication kinds the step time counts inside ``compute_seconds`` (on the critical path)."""
+
+
 def time_table(rep: dict) -> tuple[str, list, list[list[str]]]:
     from dstk import tables
     from dstk.tables import Col
 
     t = rep["time"]
     rows = []
-    for key, label, fmt in (("step_seconds", "step", "{:.4g} s"), ("compute_seconds", "compute", "{:.4g} s"),
-                            ("comm_seconds", "comm (exposed)", "{:.4g} s"),
+    # The estimator puts TP collectives and pipeline sends on the critical path inside `compute`
+    # (``steptime``: a stage's micro-batch = its layers + TP + sends); `comm` is the exposed rest
+    # (gradient reduction, ZeRO-3 gathers, offload). Say so, or "comm / compute 0.00x" reads as
+    # "communication is free" on a TP layout.
+    inside = [k for k in ("tp", "pp") if (t.get("comm") or {}).get(k)]
+    compute_label = "compute" if not inside else f"compute (with {' and '.join(_IN_COMPUTE[k] for k in inside)})"
+    comm_label = "comm (exposed)" if not inside else "comm (exposed: DP, ZeRO, offload)"
+    for key, label, fmt in (("step_seconds", "step", "{:.4g} s"), ("compute_seconds", compute_label, "{:.4g} s"),
+                            ("comm_seconds", comm_label, "{:.4g} s"),
                             ("comm_over_compute", "comm / compute", "{:.2f}x"),
                             ("bubble_fraction", "pipeline bubble", None), ("tokens_per_second", "tokens/s", "{:,.0f}"),
                             ("tflops_per_gpu", "model FLOP/s per GPU", None), ("mfu", "MFU", None)):
@@ -232,7 +243,8 @@ def time_table(rep: dict) -> tuple[str, list, list[list[str]]]:
         rows.append([label, text])
     for kind, seconds in sorted((t.get("comm") or {}).items()):
         if seconds:
-            rows.append([f"  comm {kind} (before overlap)", f"{seconds:.4g} s"])
+            where = "in compute" if kind in _IN_COMPUTE else "before overlap"
+            rows.append([f"  comm {kind} ({where})", f"{seconds:.4g} s"])
     return "Time per step", [Col(header="figure", text=True), Col(header="value")], rows
 
 

@@ -356,9 +356,12 @@ class Constraints:
             raise ValueError(
                 "constraints.virtual_stages: DeepSpeed's pipeline engine runs plain 1F1B; "
                 "interleaving needs engine: megatron"
+                " -- fix: add --engine megatron (engine: megatron), or drop virtual_stages (--virtual-stages)"
             )
         if self.pp is not None and self.pp > 1 and self.zero_stage is not None and self.zero_stage > 1:
-            raise ValueError("constraints.zero_stage: DeepSpeed's pipeline engine takes ZeRO 0 or 1 only (pp > 1)")
+            raise ValueError("constraints.zero_stage: DeepSpeed's pipeline engine takes ZeRO 0 or 1 only (pp > 1)"
+                             " -- fix: pin zero_stage 0 or 1 (--zero 1) with the pipeline, or drop the pp pin "
+                             "(--pp) for ZeRO-2/3")
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
@@ -399,10 +402,14 @@ class Intent:
             raise ValueError(
                 f"constraints.micro_batch: {c.micro_batch} does not divide the global batch "
                 f"{self.training.sequences_per_step}"
+                f" -- fix: pin a micro-batch that divides {self.training.sequences_per_step} "
+                f"({_divisors_text(self.training.sequences_per_step)}), or change the global batch"
             )
         if c.dp is not None and self.training.sequences_per_step % c.dp:
             raise ValueError(
                 f"constraints.dp: dp={c.dp} does not divide the global batch {self.training.sequences_per_step} sequences"
+                f" -- fix: make the global batch a multiple of {c.dp}, or pin a dp that divides "
+                f"{self.training.sequences_per_step} ({_divisors_text(self.training.sequences_per_step)})"
             )
         if self.cluster.gpu == "cpu" and self.training.precision == "fp16":
             raise ValueError("training.precision: DeepSpeed's CPU accelerator has no fp16; use bf16 or fp32")
@@ -416,6 +423,12 @@ class Intent:
 
 def _jsonable(data: dict) -> dict:
     return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
+
+
+def _divisors_text(n: int, *, most: int = 12) -> str:
+    """``1, 2, 4, 8, 16`` (the first ``most`` divisors of ``n``, then ``...``), for a fix hint."""
+    found = [d for d in range(1, min(n, 10**6) + 1) if n % d == 0]
+    return ", ".join(str(d) for d in found[:most]) + (", ..." if len(found) > most else "")
 
 
 SECTIONS: dict[str, type] = {

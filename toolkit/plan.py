@@ -77,8 +77,8 @@ class Search:
         of what PyTorch's allocator can hand out. The fixed overhead is already one term of every
         estimate's total; taking the headroom of it as well would reserve the CUDA context twice.
         """
-        free = self.capacity_bytes - self.overhead_bytes
-        return int(self.overhead_bytes + free * (1.0 - self.constraints.memory_headroom))
+        return usable_gpu_bytes(capacity_bytes=self.capacity_bytes, overhead_bytes=self.overhead_bytes,
+                                headroom=self.constraints.memory_headroom)
 
     @property
     def usable_host_bytes(self) -> int | None:
@@ -91,6 +91,12 @@ class Search:
     def host_bytes_per_node(self, estimate: Any) -> int:
         """Host RAM a node needs for offload: the estimate's per-rank CPU bytes x ranks per node."""
         return int(getattr(estimate.memory, "cpu_bytes", 0) or 0) * min(self.gpus_per_node, self.world_size)
+
+
+def usable_gpu_bytes(*, capacity_bytes: int, overhead_bytes: int, headroom: float) -> int:
+    """``overhead + (capacity - overhead) x (1 - headroom)`` (``Search.usable_bytes``), also the
+    line ``dstk estimate`` draws between "fits" and "fits only without headroom"."""
+    return int(overhead_bytes + (capacity_bytes - overhead_bytes) * (1.0 - headroom))
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
@@ -135,6 +141,8 @@ class Rejection:
     total_bytes: int | None = None
     host_bytes_per_node: int | None = None
     """Set when the layout fits on the GPU but its offload does not fit in the node's host RAM."""
+    terms: str = ""
+    """Where the GPU memory goes, largest first (``memory_terms``), for the nothing-fits message."""
 
     def to_dict(self) -> dict:
         return {"layout": self.layout.to_dict(), "reason": self.reason, "total_bytes": self.total_bytes,
@@ -550,12 +558,15 @@ def loss_reason(alt: Candidate, winner: Candidate, *, usable_bytes: int | None =
         extra = f" ({moved:.3g} s of PCIe traffic per step)" if moved else ""
         return f"{head}; offload runs the optimizer step on the {layout.offload_optimizer} side of PCIe{extra}"
     named = [("zero3_gather", "parameter gathers"), ("tp", f"TP all-reduces over {layout.tp} GPUs"),
-             ("dp", "gradient reduction"), ("pp", "pipeline sends")]
+             ("dp", "gradient reductions"), ("pp", "pipeline sends")]
     if compute:
         for key, words in named:
             seconds = by_kind.get(key, 0.0)
             if seconds > 0.1 * compute:
-                hidden = " (partly hidden behind compute)" if comm < seconds else ""
+                if key in ("tp", "pp"):  # priced inside compute, on the critical path: never hidden
+                    hidden = " (on the critical path)"
+                else:
+                    hidden = " (partly hidden behind compute)" if comm < seconds else ""
                 return f"{head}; {words} take {seconds / compute:.1f}x the compute ({seconds:.3g} s vs {compute:.3g} s){hidden}"
         if comm > 0.1 * compute:
             return f"{head}; exposed communication takes {comm / compute:.1f}x the compute"
@@ -717,7 +728,7 @@ def plan(*, search: Search, estimate: Callable[[Layout], Any], top: int | None =
                         layout=layout,
                         reason=f"needs {gib(total)} per GPU, {gib(usable)} usable "
                         f"({search.constraints.memory_headroom:.0%} headroom)",
-                        total_bytes=total,
+                        total_bytes=total, terms=memory_terms(est.memory.per_gpu),
                     )
                 break  # larger micro-batches need more memory still
             host = search.host_bytes_per_node(est)
@@ -848,8 +859,40 @@ def resolve(intent) -> Context:
         capacity_bytes=gpu.memory_bytes, overhead_bytes=gpu.overhead_bytes, host_memory_bytes=host,
         constraints=intent.constraints, max_zero_stage=max_zero,
     )
+    notes = (note,) if not changes else (note, override_note(cluster=cl, gpu=gpu))
+    longer = context_note(spec=spec, seq_len=training.seq_len)
+    notes += (longer,) if longer else ()
     return Context(intent=intent, model=spec, cluster=cluster, training=training, search=search,
-                   capacity_bytes=gpu.memory_bytes, notes=(note,))
+                   capacity_bytes=gpu.memory_bytes, notes=notes)
+
+
+def context_note(*, spec: Any, seq_len: int) -> str | None:
+    """The why line of a sequence longer than the model's positions (``max_position_embeddings``):
+    from scratch the position table simply grows (``dstk finetune`` does that for presets), but a
+    pretrained checkpoint with learned positions (GPT-2, OPT) fails on the first long batch (an
+    index past the table), and a rotary one runs beyond the length it was trained at unless its
+    ``rope_scaling`` extends it."""
+    limit = getattr(spec, "seq_len", None)
+    if not limit or seq_len <= limit:
+        return None
+    head = f"seq_len {seq_len:,} is longer than {spec.name}'s {limit:,} positions: fine from scratch"
+    if getattr(spec, "rotary", True):
+        return (f"{head}; from its pretrained weights RoPE runs past the length they were trained at: set "
+                "rope_scaling in their config.json, or keep --seq-len within it")
+    return (f"{head} (the position table grows); its pretrained weights have only {limit:,} learned positions "
+            f"and fail on a longer batch: keep --seq-len {limit} to fine-tune them")
+
+
+def override_note(*, cluster: Any, gpu: Any) -> str:
+    """The why line of a catalog GPU whose memory or peak the intent overrides: everything else (its
+    links, HBM bandwidth, GEMM efficiency, bf16 support) is still the catalog entry's, which matters
+    when the entry is only the default (h100-sxm) and the user meant another card."""
+    given = [f"{cluster.gpu_memory_gib:g} GiB of memory" if cluster.gpu_memory_gib is not None else "",
+             f"a {cluster.gpu_tflops:g} TFLOP/s peak" if cluster.gpu_tflops is not None else ""]
+    return (f"GPU: {cluster.gpu} ({gpu.name}) with {' and '.join(g for g in given if g)} as the intent says "
+            f"(--gpu-memory-gib, --gpu-tflops); its links, HBM bandwidth "
+            f"and GEMM efficiency are still the {cluster.gpu}'s: for another card pick the nearest with --gpu "
+            "(`dstk gpus`) or describe it with --hardware FILE")
 
 
 def _lora_constraints(intent, *, family: str):
@@ -966,6 +1009,15 @@ def plan_intent(ctx: Context, *, top: int | None = None) -> PlanResult:
     return result
 
 
+def memory_terms(per_gpu: Any) -> str:
+    """``activations 33.8 GiB, model states 2.1 GiB, ...``: a GPU's peak by term, largest first, so
+    that a layout which does not fit says what to shrink (activations: shorter sequences, recompute,
+    more TP/SP; model states: more GPUs, ZeRO, offload)."""
+    terms = [("activations", per_gpu.activations_bytes or 0), ("model states", per_gpu.model_states_bytes),
+             ("buffers", per_gpu.buffers_bytes), ("CUDA context and NCCL", per_gpu.overhead_bytes)]
+    return ", ".join(f"{name} {gib(n)}" for name, n in sorted(terms, key=lambda t: -t[1]) if n >= 2**30 / 20)
+
+
 def nothing_fits_message(ctx: Context, result: PlanResult) -> str:
     s = ctx.search
     world = f"{ctx.intent.cluster.num_nodes} x {ctx.intent.cluster.gpus_per_node} {ctx.intent.cluster.gpu}"
@@ -976,7 +1028,8 @@ def nothing_fits_message(ctx: Context, result: PlanResult) -> str:
     if result.rejected:
         best = result.rejected[0]
         return (f"nothing fits on {world}: the smallest of {result.num_considered} layouts, "
-                f"{describe(best.layout)}, needs {gib(best.total_bytes)} per GPU; {gib(s.usable_bytes)} usable")
+                f"{describe(best.layout)}, needs {gib(best.total_bytes)} per GPU"
+                + (f" ({best.terms})" if best.terms else "") + f"; {gib(s.usable_bytes)} usable")
     return f"nothing fits on {world} ({result.num_considered} layouts tried)"
 
 
@@ -1039,8 +1092,12 @@ def suggest_fixes(intent, *, limit: int = 4) -> list[str]:
         if result.plans:
             kinds_done.add(head)
             best = result.plans[0]
+            host = ""
+            if best.host_bytes_per_node and best.host_memory_bytes is None:  # checked ones fit already
+                host = (f", and {gib(best.host_bytes_per_node)} of host RAM per node for its offload "
+                        f"(unchecked: give --host-memory GIB)")
             out.append(f"{label}: {describe(best.layout)} fits, {gib(best.estimate.memory.per_gpu.total_bytes)} "
-                       f"of {gib(result.usable_bytes)} usable, {best.estimate.time.step_seconds:.3g} s/step")
+                       f"of {gib(result.usable_bytes)} usable, {best.estimate.time.step_seconds:.3g} s/step{host}")
             if len(out) >= limit:
                 break
     return out
@@ -1104,7 +1161,29 @@ def model_dims(facts: dict, spec: Any):
         rotary=not learned_positions,
         tied_embeddings=bool(getattr(spec, "tied_embeddings", False)),
         bias=family in ("gpt2", "opt", "bloom", "gpt_neox", "falcon", "phi"),
+        **_megatron_traits(spec),
     )
+
+
+def _megatron_traits(spec: Any) -> dict:
+    """The traits beyond the dimensions that make Megatron-LM build the same model as the HF one:
+    q/k/v-only biases and QK-norm (the family's ``SHAPE``), the head width, RoPE theta and the
+    experts (``dstk.render.ModelDims``)."""
+    from dstk.models import FAMILIES, family_module
+
+    family = getattr(spec, "family", None)
+    shape = getattr(family_module(family), "SHAPE", None) if family in FAMILIES else None
+    cfg = getattr(spec, "hf_config", None) or {}
+    qkv = getattr(shape, "qkv_bias", None)
+    qkv = bool(cfg.get("attention_bias", False)) if qkv is None else qkv
+    o_bias = getattr(shape, "o_bias", None)
+    o_bias = bool(cfg.get("attention_bias", False)) if o_bias is None else o_bias
+    theta = cfg.get("rope_theta")
+    return {"qkv_bias": bool(shape is not None and qkv and not o_bias),
+            "qk_norm": bool(getattr(shape, "qk_norm", False)),
+            "head_dim": getattr(spec, "head_dim", None), "rotary_base": None if theta is None else float(theta),
+            "num_experts": int(getattr(spec, "num_experts", 1) or 1),
+            "experts_per_token": int(getattr(spec, "experts_per_token", 1) or 1)}
 
 
 def run_dir_files(ctx: Context, result: PlanResult, *, index: int = 0) -> dict[str, str]:

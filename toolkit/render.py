@@ -44,6 +44,18 @@ class ModelDims:
     tied_embeddings: bool = False
     bias: bool = False
     """Biases in the linear layers."""
+    qkv_bias: bool = False
+    """Biases on the q/k/v projections only (Qwen2): ``--add-qkv-bias`` beside ``--disable-bias-linear``."""
+    qk_norm: bool = False
+    """RMSNorm on q and k per head (Qwen3): ``--qk-layernorm``."""
+    head_dim: int | None = None
+    """Per-head width when it is not ``hidden / heads`` (Gemma-7B 256, Qwen3-0.6B 128): ``--kv-channels``."""
+    rotary_base: float | None = None
+    """RoPE theta (Llama-3 5e5, Qwen2 1e6); None: Megatron-LM's default 10,000."""
+    num_experts: int = 1
+    """Experts per MoE layer (Mixtral 8): ``--num-experts``; 1 for a dense model."""
+    experts_per_token: int = 1
+    """Experts each token is routed to (Mixtral 2): ``--moe-router-topk``."""
 
 
 # --- DeepSpeed --------------------------------------------------------------------------------
@@ -283,6 +295,13 @@ def _plan_split(plan: dict, layout: Layout) -> tuple[int, ...] | None:
     return tuple(counts) if all(isinstance(n, int) for n in counts) else None
 
 
+def _number(x: float) -> int | float:
+    """``x`` as a person writes it: 3e-05, not 2.9999999999999997e-05 (``lr x min_lr_ratio``); an
+    integral value as an int (``--rotary-base 500000``)."""
+    x = float(f"{x:.12g}")
+    return int(x) if x.is_integer() and abs(x) >= 1 else x
+
+
 def megatron_args(*, layout: Layout, training: TrainingIntent, model: ModelDims,
                   split: tuple[int, ...] | None = None) -> list[str]:
     """Megatron-LM ``pretrain_gpt.py`` arguments for the same layout, one option per item.
@@ -337,6 +356,8 @@ def megatron_args(*, layout: Layout, training: TrainingIntent, model: ModelDims,
     opt("--hidden-size", model.hidden_size)
     opt("--ffn-hidden-size", model.ffn_hidden_size)
     opt("--num-attention-heads", model.num_heads)
+    if model.head_dim is not None and model.head_dim * model.num_heads != model.hidden_size:
+        opt("--kv-channels", model.head_dim)
     if model.num_kv_heads != model.num_heads:
         opt("--group-query-attention")
         opt("--num-query-groups", model.num_kv_heads)
@@ -347,17 +368,26 @@ def megatron_args(*, layout: Layout, training: TrainingIntent, model: ModelDims,
         opt("--swiglu")
     opt("--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm")
     opt("--position-embedding-type", "rope" if model.rotary else "learned_absolute")
+    if model.rotary and model.rotary_base is not None and model.rotary_base != 10000:
+        opt("--rotary-base", _number(model.rotary_base))  # Megatron-LM reads an int
+    if model.num_experts > 1:  # else Megatron-LM builds a dense model of the expert's width
+        opt("--num-experts", model.num_experts)
+        opt("--moe-router-topk", model.experts_per_token)
     if not model.tied_embeddings:
         opt("--untie-embeddings-and-output-weights")
     if not model.bias:
         opt("--disable-bias-linear")
+        if model.qkv_bias:
+            opt("--add-qkv-bias")
+    if model.qk_norm:
+        opt("--qk-layernorm")
     if training.attention == "flash":
         opt("--attention-backend", "flash")
     if (training.precision or "bf16") in ("bf16", "fp16"):
         opt(f"--{training.precision or 'bf16'}")
     opt("--optimizer", "sgd" if training.optimizer == "sgd" else "adam")
     opt("--lr", training.lr)
-    opt("--min-lr", training.lr * training.min_lr_ratio)
+    opt("--min-lr", _number(training.lr * training.min_lr_ratio))
     opt("--lr-decay-style", training.schedule)
     opt("--lr-warmup-iters", max(1, min(training.warmup_steps, training.steps)))
     opt("--train-iters", training.steps)
@@ -371,6 +401,28 @@ def megatron_args(*, layout: Layout, training: TrainingIntent, model: ModelDims,
 
 
 # --- the run directory ------------------------------------------------------------------------
+
+
+def lora_readme_note(*, lora: dict, family: str | None) -> str:
+    """The run README's LoRA note: the plan's memory and time hold only with the adapters on a frozen
+    base, so a script that launches ``ds_config.json`` must add them itself (peft's ``LoraConfig``
+    with the plan's rank, alpha, dropout and target module paths; ``dstk finetune --plan`` does)."""
+    from dstk.errors import DstkError
+    from dstk.train.lora import resolve_targets
+
+    try:
+        targets = list(resolve_targets(family=family, targets=lora.get("targets"))) if family else None
+    except DstkError:
+        targets = None
+    shown = repr(targets) if targets else repr(lora.get("targets") or "all-linear")
+    quant = ("; QLoRA: load the base in 4-bit first (`BitsAndBytesConfig(load_in_4bit=True, "
+             "bnb_4bit_quant_type=\"nf4\")`)") if lora.get("bits") == 4 else ""
+    return (f"- LoRA: the memory and step time above are for rank-{lora['rank']} adapters on a frozen base. "
+            "`dstk finetune --plan . --data FILE --output DIR` adds them; your own script must add them before "
+            "`deepspeed.initialize` or the Trainer: `model = peft.get_peft_model(model, peft.LoraConfig("
+            f"r={lora['rank']}, lora_alpha={lora['alpha']:g}, lora_dropout={lora.get('dropout') or 0:g}, "
+            f"target_modules={shown}))`{quant}. Without them every parameter trains, which needs far more memory "
+            "(the LoRA line under \"Why this layout\" gives the full fine-tune's figure).")
 
 
 def run_readme(*, plan: dict, world_size: int, num_nodes: int, gpus_per_node: int, cpu: bool) -> str:
@@ -395,6 +447,12 @@ def run_readme(*, plan: dict, world_size: int, num_nodes: int, gpus_per_node: in
         if part
     )
     why = "\n".join(f"- {line}" for line in plan.get("why", []))
+    hosts_flag, hosts_note = "", ""
+    if num_nodes > 1:  # the runner's hostfile and FIRST_HOST are the user's to fill: say how
+        example = ",".join(f"node{i}:{gpus_per_node}" for i in range(min(num_nodes, 2)))
+        hosts_flag = f" --hosts {example}{',...' if num_nodes > 2 else ''}"
+        hosts_note = (f"\n(`hostfile`: one `HOST slots={gpus_per_node}` line for each of the {num_nodes} nodes; "
+                      "FIRST_HOST: the first one's address. `dstk launch --hosts` writes that file.)\n")
     notes = []
     if layout["recompute"] != "none" and layout["pp"] == 1:
         notes.append("- Recompute is on: call `model.gradient_checkpointing_enable()` (HF) before training.")
@@ -411,8 +469,18 @@ def run_readme(*, plan: dict, world_size: int, num_nodes: int, gpus_per_node: in
         )
     if cpu:
         notes.append("- CPU ranks: DeepSpeed uses its CPU accelerator; use the gloo backend and bf16/fp32.")
+    lora = (plan.get("training") or {}).get("lora")
+    if lora:
+        notes.insert(0, lora_readme_note(lora=lora, family=(plan.get("model") or {}).get("family")))
     notes_text = "\n".join(notes)
-    return f"""# dstk run: {plan.get('model', {}).get('name', 'model')} on {world_size} {'CPU ranks' if cpu else 'GPUs'}
+    megatron = (f"""With Megatron-LM (one argument per line in `megatron.args`):
+
+    torchrun --nproc_per_node {gpus_per_node} pretrain_gpt.py $(cat megatron.args) ...data and tokenizer args...
+""" if not lora else """Not with Megatron-LM: it has no LoRA, so `megatron.args` (the same layout) would train every
+parameter, which this plan's memory does not cover.
+""")
+    ranks = ("CPU rank" if cpu else "GPU") + ("s" if world_size != 1 else "")
+    return f"""# dstk run: {plan.get('model', {}).get('name', 'model')} on {world_size} {ranks}
 
 Layout: {kind}; micro-batch {layout['micro_batch']} x {layout['grad_accum']} accumulation steps
 x {layout['dp']} replicas = {layout['micro_batch'] * layout['grad_accum'] * layout['dp']} sequences per step.
@@ -422,22 +490,19 @@ Predicted: {gib:.2f} GiB per GPU, {step:.3g} s per step.
 
 With dstk (reads this directory; checks hosts and slots against the plan):
 
-    dstk launch . -- train.py        # your script gets --deepspeed_config ./ds_config.json
+    dstk launch .{hosts_flag} -- train.py        # your script gets --deepspeed_config ./ds_config.json
 
 With DeepSpeed's runner and your own script (`deepspeed.initialize(config="ds_config.json", ...)`):
 
     {launcher} train.py --deepspeed_config ds_config.json
-
+{hosts_note}
 With transformers' Trainer: `TrainingArguments(**json.load(open("training_args.json")))` (it names
 `deepspeed="ds_config.hf.json"`); the "auto" values are filled from those arguments, which carry the
 plan's batch, accumulation, precision, optimizer and schedule. With accelerate, from this directory:
 
     accelerate launch --config_file accelerate_config.yaml train.py
 
-With Megatron-LM (one argument per line in `megatron.args`):
-
-    torchrun --nproc_per_node {gpus_per_node} pretrain_gpt.py $(cat megatron.args) ...data and tokenizer args...
-
+{megatron}
 {notes_text}
 
 ## Why this layout

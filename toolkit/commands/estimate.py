@@ -198,6 +198,24 @@ def render_human(est, *, width: int | None = None) -> str:
     return tables.to_text(lambda con: _draw_human(con, est), width=width or tables.console().width)
 
 
+def fit_verdict(mem, gpu) -> str:
+    """``fits``, ``DOES NOT FIT``, or, between the planner's usable memory (the default 10% headroom
+    for allocator fragmentation and estimate error, ``dstk.plan.usable_gpu_bytes``) and the GPU's
+    capacity, a warning: such a layout is one `dstk plan` refuses, and it often OOMs in practice."""
+    from dstk.intent import Constraints
+    from dstk.plan import gib, usable_gpu_bytes
+
+    total = mem.per_gpu.total_bytes
+    if total > gpu.memory_bytes:
+        return "DOES NOT FIT"
+    headroom = Constraints().memory_headroom
+    usable = usable_gpu_bytes(capacity_bytes=gpu.memory_bytes, overhead_bytes=gpu.overhead_bytes, headroom=headroom)
+    if total > usable:
+        return (f"TIGHT: over the {gib(usable)} `dstk plan` keeps usable ({headroom:.0%} headroom for "
+                "fragmentation); it risks out-of-memory errors")
+    return "fits"
+
+
 def _draw_human(con, est) -> None:
     from dstk import tables
     from dstk.estimate import SOURCES
@@ -213,8 +231,7 @@ def _draw_human(con, est) -> None:
     rows = [[k[:-6], _gib(getattr(mem.per_gpu, k)), SOURCES[k]]
             for k in ("params_bytes", "grads_bytes", "optimizer_bytes", "activations_bytes", "buffers_bytes",
                       "overhead_bytes")]
-    fits = "fits" if mem.per_gpu.total_bytes <= gpu.memory_bytes else "DOES NOT FIT"
-    rows.append(["total", _gib(mem.per_gpu.total_bytes), f"of {_gib(gpu.memory_bytes)}: {fits}"])
+    rows.append(["total", _gib(mem.per_gpu.total_bytes), f"of {_gib(gpu.memory_bytes)}: {fit_verdict(mem, gpu)}"])
     phase = getattr(mem.per_gpu, "peak_phase", None)
     if phase:
         rows.append(["peak in", phase, "the fullest moment of the step; the terms above are at it"])

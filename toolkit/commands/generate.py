@@ -44,6 +44,19 @@ def refuse_stdout_dir(output, *, what: str, hint: str) -> None:
     check_output_dir(output)
 
 
+def next_commands(*, output: str, cluster: dict) -> str:
+    """The pasteable next steps: the path quoted for the shell, and on a multi-node plan the hosts
+    that `dstk launch` refuses to start without (one per node, as placeholders)."""
+    import shlex
+
+    nodes, per_node = int(cluster["num_nodes"]), int(cluster["gpus_per_node"])
+    hosts = "" if nodes == 1 else " --hosts " + ",".join(f"HOST{i + 1}:{per_node}" for i in range(min(nodes, 2))) + (
+        ",..." if nodes > 2 else "")
+    base = output.rstrip("/") or output
+    return (f"next: dstk validate {shlex.quote(base + '/ds_config.json')}; "
+            f"dstk launch {shlex.quote(base)}{hosts} -- train.py")
+
+
 def run(args: argparse.Namespace) -> int:
     from dstk import plan as planner
     from dstk.render import write_files
@@ -81,5 +94,5 @@ def run(args: argparse.Namespace) -> int:
         terms = buffer_terms(plan["memory"]["per_gpu"])
         if terms:
             print("buffers (per GPU):\n" + "\n".join(terms))
-        print(f"next: dstk validate {args.output}/ds_config.json; dstk launch {args.output} -- train.py")
+        print(next_commands(output=str(args.output), cluster=plan["cluster"]))
     return 0

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from dstk.errors import EXIT_INVALID, DstkError
+from dstk.errors import EXIT_INVALID, DstkError, UsageError
 
 HELP = "rank the parallel layouts that fit a model on a cluster, and say why the best wins"
 DESCRIPTION = (
@@ -154,16 +154,25 @@ def intent_from_args(args: argparse.Namespace, *, path: str | None = None):
         def bad_count(value) -> bool:  # python 3.11's argparse turns `--gpus=--` into [] without the type
             return not isinstance(value, int) or value < 1
 
-        if bad_count(args.i_gpus) or bad_count(overrides["cluster"].get("gpus_per_node", 1)):
-            bad = "--gpus" if bad_count(args.i_gpus) else "--gpus-per-node"
-            raise DstkError(f"{bad} {args.i_gpus if bad == '--gpus' else overrides['cluster']['gpus_per_node']}: "
-                            "expected a positive integer", hint=f"e.g. {bad} 8")
+        counts = {"--gpus": args.i_gpus, "--gpus-per-node": overrides["cluster"].get("gpus_per_node", 1),
+                  "--nodes": overrides["cluster"].get("num_nodes", 1)}
+        for bad, value in counts.items():
+            if bad_count(value):
+                raise DstkError(f"{bad} {value}: expected a positive integer", hint=f"e.g. {bad} 8")
         per_node = overrides["cluster"].get("gpus_per_node") or (base.cluster.gpus_per_node if base else 8)
         if args.i_gpus < per_node and "gpus_per_node" not in overrides["cluster"]:
             per_node = args.i_gpus
+        nodes = overrides["cluster"].get("num_nodes")
+        if nodes and "gpus_per_node" not in overrides["cluster"] and args.i_gpus % nodes == 0:
+            per_node = args.i_gpus // nodes  # --gpus 16 --nodes 2: 8 a node
         if args.i_gpus % per_node:
             raise UsageError(f"--gpus {args.i_gpus} is not a multiple of --gpus-per-node {per_node}",
                              hint="give a multiple, or set --gpus-per-node")
+        if nodes is not None and nodes * per_node != args.i_gpus:  # --gpus would silently win over --nodes
+            raise UsageError(f"--gpus {args.i_gpus} disagrees with --nodes {nodes} x {per_node} GPUs per node "
+                             f"({nodes * per_node} GPUs)",
+                             hint=f"give --gpus {args.i_gpus} or --nodes {nodes} with --gpus-per-node, not both; "
+                                  f"--gpus {args.i_gpus} means {args.i_gpus // per_node} node(s) x {per_node}")
         overrides["cluster"].update(num_nodes=args.i_gpus // per_node, gpus_per_node=per_node)
     if getattr(args, "from_file", None):
         if base is not None:
@@ -231,6 +240,14 @@ def _draw_human(con, result, top: int) -> None:
     cols = [tables.Col(header="#"), tables.Col(header="layout", text=True), tables.Col(header=f"{unit}/GPU"),
             tables.Col(header="s/step"), tables.Col(header="tok/s"), tables.Col(header="MFU")]
     tables.show(con, None, cols, rows)
+    best_time = result.plans[0].estimate.time
+    total = getattr(best_time, "time_to_train_seconds", None)
+    if total:  # --num-tokens promises this figure
+        from dstk.commands.estimate import _seconds
+
+        tokens = getattr(result.plans[0].estimate.training, "num_tokens", None)
+        con.print(f"time to train #1: {_seconds(total)}" + (f" for {tokens:,.0f} tokens" if tokens else ""),
+                  markup=False)
     con.print("why:", markup=False)
     con.print(tables.bullets(result.plans[0].why))
     terms = buffer_terms(result.plans[0].estimate.memory.per_gpu)
@@ -243,6 +260,8 @@ def _draw_human(con, result, top: int) -> None:
 def run(args: argparse.Namespace) -> int:
     from dstk import plan as planner
 
+    if args.top < 1:  # 0 crashed the table; a negative N sliced plans off the end
+        raise UsageError(f"--top {args.top}: expected a positive number of plans", hint="e.g. --top 5 (default 10)")
     intent = intent_from_args(args)
     ctx = planner.resolve(intent)
     result = planner.plan_intent(ctx, top=args.top)
