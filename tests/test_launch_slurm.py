@@ -164,3 +164,122 @@ def test_node_judge_counts_this_nodes_ranks(tmp_path):
                  runner_exit=0)
     assert done.returncode == 0, done.stderr
     assert f"dstk: rank(s) 2, 3 on {socket.gethostname()} finished" in done.stdout
+
+
+# --- `dstk launch --launcher slurm`: the runner's srun backend ------------------------------------
+
+SRUN_RANK = """\
+import os, sys, time
+rank = os.environ["SLURM_PROCID"]
+print(f"ready {rank}", flush=True)
+if rank == "1":
+    time.sleep(1)
+    print("rank 1 gives up", file=sys.stderr, flush=True)
+    sys.exit(3)
+time.sleep(float(os.environ["DSTK_TEST_WAIT_SECONDS"]))
+print("rank 0 waited it out", flush=True)
+"""
+WAIT_SECONDS = 90
+"""How long rank 0 waits after rank 1 failed (as a rank blind to a dead peer waits for its collective's timeout)."""
+STEP_STOP_SECONDS = 45
+"""The step must end this soon after rank 1 failed with --kill-on-bad-exit (seconds here; generous for load)."""
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("launcher_args, prefix", [("", True), ("", False), ("--kill-on-bad-exit=0", True)],
+                         ids=["dstk-default", "no-prefix", "user-said-0"])
+def test_runner_srun_ends_the_step_when_a_rank_fails(slurm, run_dir, tmp_path, launcher_args, prefix):
+    """`dstk launch --launcher slurm` (runner -> ``srun -n 2 PYTHON -u -m dstk.launch.rank SCRIPT``): rank 1 exits
+    3, rank 0 would wait ``WAIT_SECONDS``; srun's --kill-on-bad-exit=1 (added by dstk) ends the step within
+    seconds and dstk names rank 1. A user's own ``--kill-on-bad-exit=0`` is kept: then rank 0 waits it out
+    (what every launch did before dstk added the flag)."""
+    from dstk.launch.command import LaunchSpec
+    from dstk.launch.hosts import Host
+
+    script = tmp_path / "srun_rank.py"
+    script.write_text(SRUN_RANK)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(f"{slurm.node} slots=2\n")
+    spec = LaunchSpec(script=str(script), num_nodes=1, gpus_per_node=2, hosts=(Host(name=slurm.node, num_slots=2),),
+                      hostfile=str(hostfile), launcher="slurm", master_addr="127.0.0.1", run_dir=str(run_dir),
+                      prefix_output=prefix, cpu=True, launcher_args=launcher_args)
+    # run_launch in a child, as `dstk launch` runs it (no CLI flag takes launcher args yet)
+    code = ("import sys; from dstk.launch.command import LaunchSpec; from dstk.launch.hosts import Host\n"
+            "from dstk.launch.run import run_launch\n"
+            f"sys.exit(run_launch({spec!r}))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT",
+                                                             "MASTER_ADDR", "SLURM_KILL_ON_BAD_EXIT")}
+    env.update(slurm.env, DSTK_TEST_WAIT_SECONDS=str(WAIT_SECONDS))
+    started = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
+                              timeout=JOB_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"timed out:\n{exc.stdout}\n{exc.stderr}") from None
+    took = time.monotonic() - started
+    out = done.stdout + done.stderr
+    print(f"{launcher_args or 'dstk default'}, prefix={prefix}: the launch ended after {took:.1f} s, exit {done.returncode}")
+    assert re.search(r"cmd = srun -n 2 " + re.escape(launcher_args or "--kill-on-bad-exit=1") + " ", out), out[-3000:]
+    assert "ready 0" in out and "ready 1" in out and "rank 1 gives up" in out, out[-3000:]
+    assert done.returncode != 0, out[-3000:]
+    if prefix:
+        assert f"dstk: rank 1 on {socket.gethostname()} exited with code 3\n" in out, out[-3000:]
+        assert done.returncode == 3, out[-3000:]
+    if launcher_args:
+        assert took >= WAIT_SECONDS and "rank 0 waited it out" in out, out[-3000:]
+    else:
+        assert took < STEP_STOP_SECONDS and "rank 0 waited it out" not in out, out[-3000:]
+
+
+def _slurm_spec(**kw):
+    from dstk.launch.command import LaunchSpec
+    from dstk.launch.hosts import Host
+
+    hosts = (Host(name="n0", num_slots=2), Host(name="n1", num_slots=2))
+    return LaunchSpec(**{"script": "train.py", **kw}, num_nodes=2, gpus_per_node=2, hosts=hosts, hostfile="/tmp/h")
+
+
+@pytest.mark.parametrize("user_args, environ_kill, want", [
+    ("", None, "--kill-on-bad-exit=1"),
+    ("--exclusive -p 'debug q'", None, "--exclusive -p 'debug q' --kill-on-bad-exit=1"),
+    # the user's own choice is kept, in any spelling srun takes
+    ("--kill-on-bad-exit=0", None, "--kill-on-bad-exit=0"),
+    ("--kill-on-bad-exit", None, "--kill-on-bad-exit"),
+    ("-K0 --exclusive", None, "-K0 --exclusive"),
+    ("-K", "0", "-K"),
+    # $SLURM_KILL_ON_BAD_EXIT, which the flag would override, becomes the flag
+    ("", "0", "--kill-on-bad-exit=0"),
+    ("--exclusive", "1", "--exclusive --kill-on-bad-exit=1"),
+])
+def test_srun_gets_kill_on_bad_exit_unless_the_user_chose(user_args, environ_kill, want):
+    from dstk.launch.command import slurm_launcher_args
+
+    assert slurm_launcher_args(user_args, environ_kill=environ_kill) == want
+
+
+def test_slurm_launcher_command_passes_launcher_args_and_runs_the_rank_wrapper_as_a_module():
+    from dstk.launch.command import plan_launch
+
+    cmd = plan_launch(_slurm_spec(launcher="slurm", ds_config="/r/ds.json")).command
+    # one word: argparse would take a separate "--kill-on-bad-exit=1" for a flag of its own (seen: exit 2)
+    assert "--launcher_args=--kill-on-bad-exit=1" in cmd and "--no_ssh_check" in cmd
+    assert cmd[cmd.index("--"):] == ["--", "-m", "dstk.launch.rank", "train.py", "--deepspeed_config", "/r/ds.json"]
+    cmd = plan_launch(_slurm_spec(launcher="slurm", launcher_args="-K0", module=True, prefix_output=False,
+                                  script="my.train")).command
+    assert "--launcher_args=-K0" in cmd and cmd[cmd.index("--"):] == ["--", "-m", "my.train"]
+    # pdsh: the user's launcher args only, nothing added
+    cmd = plan_launch(_slurm_spec(launcher="pdsh", launcher_args="-f 64")).command
+    assert "--launcher_args=-f 64" in cmd and "--no_ssh_check" not in cmd and "--" not in cmd
+    assert not any(a.startswith("--launcher_args") for a in plan_launch(_slurm_spec(launcher="pdsh")).command)
+
+
+def test_launcher_args_without_a_multi_node_launcher_are_refused():
+    from dstk.errors import DstkError
+    from dstk.launch.command import LaunchSpec, plan_launch, slurm_launcher_args
+
+    with pytest.raises(DstkError, match="need a multi-node launcher"):
+        plan_launch(LaunchSpec(script="train.py", launcher_args="--exclusive"))
+    with pytest.raises(DstkError, match="srun takes 0 or 1"):
+        slurm_launcher_args("", environ_kill="yes")
+    with pytest.raises(DstkError, match="No closing quotation"):
+        slurm_launcher_args("-p 'debug", environ_kill=None)

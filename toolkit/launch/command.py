@@ -97,6 +97,11 @@ class LaunchSpec:
     """This launch's unique tag, given to every launcher process and rank as ``PYTHON_DSTK_RUN_TAG``
     (``dstk.launch.nodefail``: how a failed node's launch stops the ranks of every node); ``run_launch``
     makes one."""
+    launcher_args: str = ""
+    """The runner's ``--launcher_args``: flags for the multi-node backend's command (pdsh, mpirun, srun),
+    one shell-quoted string (the runner ``shlex.split``s it). For ``slurm`` dstk adds
+    ``--kill-on-bad-exit=1`` unless these set ``-K``/``--kill-on-bad-exit`` themselves
+    (``slurm_launcher_args``)."""
 
     def __post_init__(self) -> None:
         if self.launcher not in LAUNCHERS:
@@ -135,11 +140,47 @@ class LaunchPlan:
     """The runner's view of the resources: {host: slot ids}."""
 
 
+KILL_ON_BAD_EXIT = "--kill-on-bad-exit=1"
+"""What dstk adds to srun under ``--launcher slurm``: one rank that exits non-zero ends the whole step,
+instead of the others waiting in their next collective until the process group's timeout (srun(1),
+``-K, --kill-on-bad-exit[=0|1]``; the sbatch script of ``dstk launch --slurm`` passes it too)."""
+
+_KILL_FLAG_RE = re.compile(r"(-K[01]?|--kill-on-bad-exit(=.*)?)")
+
+
+def slurm_launcher_args(user_args: str, *, environ_kill: str | None = None) -> str:
+    """The runner's ``--launcher_args`` for its srun backend (pure): ``user_args`` with ``KILL_ON_BAD_EXIT``
+    added, unless they set ``-K``/``--kill-on-bad-exit`` themselves (kept as given). ``environ_kill``:
+    ``$SLURM_KILL_ON_BAD_EXIT``, which srun reads but a flag overrides; it becomes the flag
+    (``--kill-on-bad-exit=VALUE``), so the user's choice is what srun sees, in the logged command too.
+
+    multinode_runner.py ``SlurmRunner.get_cmd`` (0.19.8): ``['srun', '-n', N] + shlex.split(launcher_args)``."""
+    try:
+        words = shlex.split(user_args)
+    except ValueError as exc:
+        raise DstkError(f"launcher args {user_args!r}: {exc}", hint="quote them as for a POSIX shell") from None
+    if any(_KILL_FLAG_RE.fullmatch(w) for w in words):
+        return user_args
+    if environ_kill is not None:
+        if environ_kill not in ("0", "1"):
+            raise DstkError(f"SLURM_KILL_ON_BAD_EXIT={environ_kill!r}: srun takes 0 or 1",
+                            hint="set it to 1 (one failed rank ends the step) or 0, or unset it (dstk then passes "
+                                 f"{KILL_ON_BAD_EXIT})")
+        flag = f"--kill-on-bad-exit={environ_kill}"
+    else:
+        flag = KILL_ON_BAD_EXIT
+    return shlex.join([*words, flag])
+
+
 def check_spec(spec: LaunchSpec) -> dict[str, list[int]]:
     """Check the spec against its plan and the launcher's rules; return the active {host: slots}."""
     for key, value in spec.env:
         check_key(key)
         check_value(key, value)
+    if spec.launcher_args and (spec.launcher not in MULTI_NODE_LAUNCHERS or spec.node_rank is not None):
+        raise DstkError(f"launcher args {spec.launcher_args!r} need a multi-node launcher: --launcher {spec.launcher}"
+                        + (" with --node-rank" if spec.node_rank is not None else "") + " starts no pdsh/mpirun/srun",
+                        hint="drop them, or use --launcher pdsh/openmpi/mpich/slurm")
     if spec.master_addr is not None and not is_valid_hostname(spec.master_addr):
         raise DstkError(f"--master-addr {spec.master_addr!r} is not a host name or IPv4 address",
                         hint="give a plain host name or address, e.g. 10.0.0.1")
@@ -234,6 +275,17 @@ def _script_part(spec: LaunchSpec, *, torchrun: bool) -> list[str]:
     return [spec.script, *args]
 
 
+def _srun_script_part(script_part: list[str]) -> list[str]:
+    """The runner's script part for its srun backend (pure). SlurmRunner.get_cmd (multinode_runner.py 0.19.8)
+    runs ``srun ... PYTHON -u USER_SCRIPT ARGS`` and drops the runner's ``--module``: ``-u dstk.launch.rank``
+    would be a missing file (seen under Slurm 22.05: exit 2, no rank started). So a module goes in as
+    ``-- -m MODULE ARGS``: after ``--`` the runner's argparse takes ``-m`` for the script and the rest as
+    its arguments, and srun runs ``PYTHON -u -m MODULE ARGS``."""
+    if script_part[:1] != ["--module"]:
+        return script_part
+    return ["--", "-m", *script_part[1:]]
+
+
 def _master_addr(spec: LaunchSpec, active: dict[str, list[int]]) -> str:
     if spec.master_addr:
         return spec.master_addr
@@ -288,6 +340,15 @@ def plan_launch(spec: LaunchSpec) -> LaunchPlan:
             else:
                 # --force_multi: a single remote host would otherwise be started on *this* machine.
                 cmd += ["--launcher", spec.launcher, "--force_multi"]
+                launcher_args = (slurm_launcher_args(spec.launcher_args) if spec.launcher == "slurm"
+                                 else spec.launcher_args)
+                if launcher_args:
+                    # one word: argparse takes a separate value that starts with "-" for a flag of its own
+                    cmd.append(f"--launcher_args={launcher_args}")
+                if spec.launcher == "slurm":
+                    # srun reaches the nodes through slurmd; the runner's ssh check of the first host
+                    # (runner.py: `ssh HOST hostname`) fails where a cluster allows no ssh to its nodes
+                    cmd.append("--no_ssh_check")
                 if env:
                     if spec.run_dir is None:
                         raise DstkError("--env with a multi-node launcher needs a run directory for .deepspeed_env")
@@ -296,6 +357,8 @@ def plan_launch(spec: LaunchSpec) -> LaunchPlan:
                     # An absolute DS_ENV_FILE makes the runner read exactly this file.
                     extra_env["DS_ENV_FILE"] = path
         script_part = _script_part(spec, torchrun=False)
+        if spec.launcher == "slurm" and spec.hosts and spec.node_rank is None:
+            script_part = _srun_script_part(script_part)
         if spec.launcher == "pdsh" and spec.hosts and spec.node_rank is None:
             check_pdsh_words([spec.python, *script_part])
         cmd += script_part

@@ -32,6 +32,15 @@ neither, and are left alone. Each node's launch.py then exits, ssh ends, pdsh an
 A runner still running ``RUNNER_WAIT_SECONDS`` later (a node that cannot be reached) has its
 process tree on this machine killed with SIGKILL -- never SIGINT/SIGTERM, which would run the
 runner's broad pkill.
+
+Ctrl-C and SIGTERM take the same path (``NodeWatch.interrupt``). A terminal sends Ctrl-C's SIGINT to its
+whole foreground process group; the runner, pdsh and ssh would get it too, and the runner's handler
+(runner.py ``sigkill_handler``: SIGINT then SIGTERM to pdsh, then the pkill above) would kill other runs'
+launch.py. So ``dstk launch`` starts the runner in a session of its own (``start_new_session``: the
+terminal's SIGINT reaches dstk only; pdsh and ssh inherit the runner's session), catches SIGINT/SIGTERM
+itself, runs the tagged stop on every host, and waits for the runner to end as after a failure; it never
+signals the runner, except SIGKILL to its tree when it outlives ``RUNNER_WAIT_SECONDS``. It then exits
+128 + the signal (130, 143) with one line saying what it stopped.
 """
 
 from __future__ import annotations
@@ -63,6 +72,9 @@ GRACE_SECONDS = 5.0
 
 RUNNER_WAIT_SECONDS = 30.0
 """How long the runner may take to end once every node was told to stop, before its tree is killed."""
+
+RESTOP_SECONDS = 5.0
+"""While the runner lives on after a stop, the stop runs again this often (``NodeWatch._stop``)."""
 
 _LAUNCH_MODULE = b"deepspeed.launcher.launch"
 
@@ -309,6 +321,8 @@ class NodeWatch:
         """{host: (processes signalled there, of them SIGKILLed after the grace)}, from each node's ``STOP_TAG`` line."""
         self.stop_problem: str | None = None
         self.runner_killed = False
+        self.interrupted: int | None = None
+        """The signal (SIGINT/SIGTERM) that stopped the launch (``interrupt``); no failure is looked for after it."""
         self._lines: collections.deque[str] = collections.deque(maxlen=2000)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
@@ -321,7 +335,8 @@ class NodeWatch:
         failure = failure_from_line(line)
         with self._lock:
             self._lines.append(line)
-            if failure is None or self.failure is not None:
+            # after a signal the nodes end because dstk stopped them: none of that is a failure
+            if failure is None or self.failure is not None or self.interrupted is not None:
                 return
             self.failure = failure
             self._thread = threading.Thread(target=self._stop, daemon=True)
@@ -330,7 +345,44 @@ class NodeWatch:
                                 f"({', '.join(self.hosts)})\n")
         self._thread.start()
 
+    def interrupt(self, signum: int) -> None:
+        """Stop the run because dstk got ``signum`` (SIGINT/SIGTERM), in the calling thread: say so, run the
+        tagged stop on every host, wait for the runner to end (SIGKILL to its tree after
+        ``runner_wait_seconds``). A failure's stop already under way is waited for instead of repeated.
+        The runner gets no SIGINT/SIGTERM from here: its handler would run the broad pkill."""
+        with self._lock:
+            self.interrupted = signum
+            running = self._thread
+        if self.sink is not None:
+            self.sink("stderr", f"dstk: {_signal_name(signum)}: stopping this run's ranks on every node "
+                                f"({', '.join(self.hosts)})\n")
+        if running is not None:
+            running.join(self.grace_seconds + 60 + self.runner_wait_seconds + 30)
+        if running is None or (self._proc is not None and self._proc.poll() is None):
+            self._stop()
+
     def _stop(self) -> None:
+        """The tagged stop on every host, again every ``RESTOP_SECONDS`` while the runner lives on (a node whose
+        launch.py started after the last stop: Ctrl-C early in the launch, a slow ssh); the runner's tree is
+        SIGKILLed once it outlives ``runner_wait_seconds``, and the nodes are stopped once more after that."""
+        proc = self._proc
+        deadline = time.monotonic() + self.runner_wait_seconds
+        while True:
+            self._stop_nodes()
+            if proc is None:
+                return
+            left = deadline - time.monotonic()
+            try:
+                proc.wait(timeout=max(0.0, min(RESTOP_SECONDS, left)))
+                return
+            except subprocess.TimeoutExpired:
+                if left <= RESTOP_SECONDS:
+                    self.runner_killed = True
+                    kill_tree(proc.pid)
+                    self._stop_nodes()  # a launch.py that a killed ssh had started just before
+                    return
+
+    def _stop_nodes(self) -> None:
         argv = stop_command(hosts=self.hosts, tag=self.tag, python=self.python, cwd=self.cwd,
                             grace_seconds=self.grace_seconds)
         try:
@@ -341,46 +393,48 @@ class NodeWatch:
                 if m and line[m.end():].startswith(STOP_TAG):
                     data = json.loads(line[m.end() + len(STOP_TAG):])
                     signalled = set(data.get("terminated", ())) | set(data.get("killed", ()))
-                    self.stopped[m.group(1)] = (len(signalled), len(data.get("killed", ())))
+                    before = self.stopped.get(m.group(1), (0, 0))
+                    self.stopped[m.group(1)] = (before[0] + len(signalled), before[1] + len(data.get("killed", ())))
             missing = [h for h in self.hosts if h not in self.stopped]
             if missing:
                 self.stop_problem = (f"could not stop the ranks on {', '.join(missing)} (pdsh exited "
                                      f"{done.returncode}: {done.stderr.strip()[-300:]})")
         except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
             self.stop_problem = f"could not run {argv[0]} to stop the other nodes: {exc}"
-        proc = self._proc
-        if proc is None:
-            return
-        try:
-            proc.wait(timeout=self.runner_wait_seconds)
-        except subprocess.TimeoutExpired:
-            self.runner_killed = True
-            kill_tree(proc.pid)
 
     def _describe(self, failure: NodeFailure) -> str:
         return failure.describe(node_ranks=self.node_ranks.get(failure.node, ()))
+
+    def _host_order(self, host: str) -> int:
+        return self.hosts.index(host) if host in self.hosts else len(self.hosts)
 
     def join(self, timeout: float | None = None) -> None:
         if self._thread is not None:
             self._thread.join(timeout)
 
     def messages(self) -> list[str]:
-        """Lines for ``dstk: ...`` after the launch: the failure, the line that says why, what was stopped."""
-        if self.failure is None:
+        """Lines for ``dstk: ...`` after the launch: the failure, the line that says why, what was stopped
+        (after a signal: ``stopped by SIGINT: stopped this run's ranks on every node: ...``)."""
+        if self.failure is None and self.interrupted is None:
             return []
         with self._lock:
             lines = list(self._lines)
-        out = [f"{self._describe(self.failure)} first"]
-        why = why_line(lines, failure=self.failure)
-        if why:
-            why = why.strip()
-            # launch.py's line holds the rank's whole argv before the exit code: keep both ends
-            out.append(f"  why: {why if len(why) <= 300 else why[:140] + ' ... ' + why[-150:]}")
+        out = []
+        if self.failure is not None:
+            out.append(f"{self._describe(self.failure)} first")
+            why = why_line(lines, failure=self.failure)
+            if why:
+                why = why.strip()
+                # launch.py's line holds the rank's whole argv before the exit code: keep both ends
+                out.append(f"  why: {why if len(why) <= 300 else why[:140] + ' ... ' + why[-150:]}")
         if self.stopped:
-            out.append("stopped this run's ranks on every node: " + ", ".join(
+            out.append(("" if self.interrupted is None else f"stopped by {_signal_name(self.interrupted)}: ")
+                       + "stopped this run's ranks on every node: " + ", ".join(
                 f"{h} ({n} process{'es' if n != 1 else ''}" + (f", {k} after SIGTERM left {'them' if k > 1 else 'it'} running: "
                                                                f"SIGKILL)" if k else ")")
-                for h, (n, k) in self.stopped.items()))
+                for h, (n, k) in sorted(self.stopped.items(), key=lambda item: self._host_order(item[0]))))
+        elif self.interrupted is not None:
+            out.append(f"stopped by {_signal_name(self.interrupted)}")
         if self.stop_problem:
             out.append(self.stop_problem)
         if self.runner_killed:

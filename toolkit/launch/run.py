@@ -4,6 +4,10 @@ The runner's exit code is not enough: it exits 0 when its child was killed by a 
 (``if result.returncode > 0``, deepspeed/launcher/runner.py 0.19.8). Each rank's wrapper
 (``dstk.launch.rank``) prints a report line when its rank ends; a launch succeeds only when the
 runner exited 0 *and* every rank reported exit code 0.
+
+A multi-node pdsh launch runs its runner in a session of its own and handles SIGINT/SIGTERM itself
+(``_StopOnSignals``, ``dstk.launch.nodefail.NodeWatch.interrupt``): it stops only this run's processes,
+by their tag, and exits 128 + the signal.
 """
 
 from __future__ import annotations
@@ -66,6 +70,8 @@ class LaunchResult:
     """One line per problem, first failure first."""
     tail: tuple[str, ...] = ()
     """The last lines the ranks printed (for ``dstk.launch.diagnose``)."""
+    interrupted_by: int | None = None
+    """The signal (SIGINT/SIGTERM) that made dstk stop the launch; ``returncode`` is then 128 + it."""
 
 
 # pdsh prints every remote line as "HOST: line"; the host is a DNS
@@ -161,8 +167,19 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
     for path, text in plan.files.items():
         write_atomic(path, text)
     env = {**launcher_environ(), **plan.env, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(plan.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL)
+    # A watched (pdsh) launch: the runner gets a session of its own, so a terminal's Ctrl-C reaches dstk
+    # only, and dstk stops the run itself (``_StopOnSignals``); the runner's own handler would run a pkill
+    # of every launch.py of this interpreter on every host (dstk.launch.nodefail).
+    stopper = _StopOnSignals() if watch is not None else None
+    if stopper is not None:
+        stopper.install()
+    try:
+        proc = subprocess.Popen(plan.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, start_new_session=watch is not None)
+    except BaseException:
+        if stopper is not None:
+            stopper.restore()
+        raise
     reports: list[RankExit] = []
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     lock = threading.Lock()
@@ -197,9 +214,13 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
     for t in threads:
         t.start()
     try:
-        proc.wait()
+        if stopper is not None:
+            stopper.wait(proc, watch=watch)
+        else:
+            proc.wait()
     except KeyboardInterrupt:
-        # The runner and launch.py stop their ranks on SIGINT; give them time, then kill.
+        # The local runner and launch.py got the terminal's SIGINT too and stop their ranks; a SIGINT
+        # from elsewhere reaches them here. Give them time, then kill.
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=30)
@@ -213,7 +234,53 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
             t.join(timeout=10)
     result = judge(runner_returncode=proc.returncode, ranks=reports, world_size=world_size,
                    expect_reports=expect_reports)
+    if watch is not None and watch.interrupted is not None:
+        # The ranks were stopped because the user asked: no rank failed, and nothing needs a cause.
+        result = dataclasses.replace(result, returncode=128 + watch.interrupted, messages=(),
+                                     interrupted_by=watch.interrupted)
     return dataclasses.replace(result, tail=tuple(tail))
+
+
+class _StopOnSignals:
+    """SIGINT and SIGTERM handlers for the wait on a watched (pdsh) launch. The handler only notes the first
+    signal; ``wait`` sees it within ``POLL_SECONDS`` and has ``watch.interrupt(signum)`` stop the run by its
+    tag. Later signals are ignored: the stop is under way, and another Ctrl-C must not cut it short and
+    leave ranks running. Signal handlers exist in the main thread only; elsewhere nothing changes."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    POLL_SECONDS = 0.2
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in self.SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handler)
+
+    def restore(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def _handler(self, signum, _frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def wait(self, proc: subprocess.Popen, *, watch) -> None:
+        try:
+            while self.signum is None:
+                try:
+                    proc.wait(timeout=self.POLL_SECONDS)
+                    return
+                except subprocess.TimeoutExpired:
+                    pass
+            watch.interrupt(self.signum)
+            proc.wait()
+        finally:
+            self.restore()
 
 
 def _op_builds(done: threading.Event, *, interval: float = 1.0):
@@ -258,6 +325,12 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
     """Run ``spec``: rank-prefixed output through ``sink``; non-zero when any rank failed or was killed.
 
     Returns the exit code of ``LaunchResult``; the problems go to ``sink("stderr", ...)``."""
+    if spec.launcher == "slurm" and "SLURM_KILL_ON_BAD_EXIT" in os.environ:
+        from dstk.launch.command import slurm_launcher_args
+
+        # srun reads it, but the flag dstk adds would override it: the user's value becomes the flag
+        spec = dataclasses.replace(spec, launcher_args=slurm_launcher_args(
+            spec.launcher_args, environ_kill=os.environ["SLURM_KILL_ON_BAD_EXIT"]))
     plan = plan_launch(spec)
     if not spec.module:
         check_op_locks()  # a stale lock hangs the start: say so first (run_plan checks again, cheaply)
@@ -297,6 +370,8 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
         watch.join(timeout=watch.grace_seconds + 90)
         for message in watch.messages():
             sink("stderr", f"dstk: {message}\n")
+        if result.interrupted_by is not None:
+            return result.returncode
         if watch.failure is not None and not any(r.returncode != 0 and not r.stopped for r in result.ranks):
             # No rank report names the culprit (--no-prefix, or its wrapper died): exit with the failed node's
             # code; the runner's is pdsh's largest, which counts the nodes dstk stopped (ssh gives 255 for a
