@@ -29,6 +29,13 @@ Megatron-LM did before FlashAttention; ZeRO-3 rows with ``engine="deepspeed"``. 
 rows ran the Megatron-LM of April 2021, which had no asynchronous TP communication (merged in
 September 2021): they call the estimator's ``step_time`` with
 ``dstk.estimate.steptime.MEGATRON_2021``; Korthikanti's 2022 rows use today's default.
+
+Fused kernels: dstk's ``deepspeed`` engine runs HF transformers' modules, whose norms, rotary,
+activation and residual adds run eagerly op by op (``timing.eager_elementwise_bytes_per_token``,
+3-4x the bytes of fused kernels). None of the published runs here did: Narayanan's ZeRO-3 rows ran
+Megatron-DeepSpeed's GPT (Megatron's fused LayerNorm, bias-GeLU and bias-dropout-add kernels), and
+MosaicML's rows ran llm-foundry's MPT (low-precision/fused LayerNorm, flash/triton attention). Those
+rows call the estimator with ``fused_kernels=True``, as Megatron's rows get by default.
 """
 
 from __future__ import annotations
@@ -169,13 +176,14 @@ def _megatron_2021_time(*, model, layout, training, cluster):
 def _deepspeed_2021_time(*, model, layout, training, cluster):
     """The estimator's step time for the DeepSpeed of spring 2021 (``DEEPSPEED_2021``: per-parameter
     blocking gathers, one GPU's share of the node's NICs), with ``step_time`` as
-    ``estimate(engine="deepspeed")`` calls it."""
+    ``estimate(engine="deepspeed")`` calls it, but with Megatron-DeepSpeed's fused kernels
+    (``fused_kernels=True``: the module docstring)."""
     from dstk.estimate import _DEFAULT_BUFFERS, _model_facts
     from dstk.estimate.steptime import DEEPSPEED_2021, step_time
 
     _estimate(engine="deepspeed", model=model, layout=layout, training=training, cluster=cluster)  # fits, valid
     return step_time(facts=_model_facts(model), layout=layout, training=training, cluster=cluster,
-                     buffers=_DEFAULT_BUFFERS, zero_kernels=DEEPSPEED_2021)
+                     buffers=_DEFAULT_BUFFERS, zero_kernels=DEEPSPEED_2021, fused_kernels=True)
 
 
 def narayanan_rows() -> list[Row]:
@@ -224,7 +232,8 @@ def mosaic_rows() -> list[Row]:
         layout = Layout(dp=gpus, micro_batch=micro, grad_accum=accum, recompute="full", zero_stage=3)
         training = Training(seq_len=SEQ, global_batch=gpus * micro * accum, precision="bf16", attention="flash")
         cluster = Cluster(num_nodes=gpus // 8, gpus_per_node=8, gpu=get_gpu(gpu), interconnect=get_interconnect("roce-200"))
-        t = _estimate(engine="deepspeed", model=model, layout=layout, training=training, cluster=cluster).time
+        t = _estimate(engine="deepspeed", model=model, layout=layout, training=training, cluster=cluster,
+                      fused_kernels=True).time  # llm-foundry's MPT: fused kernels (module docstring)
         out.append(Row(table="MosaicML llm-foundry FSDP (check of the NIC share)", label=f"MPT-{name} {gpu[-4:]} {gpus} GPUs mb{micro}",
                        unit="tokens/s/GPU", predicted=t.tokens_per_second / gpus, published=published))
     return out

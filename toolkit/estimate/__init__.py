@@ -171,6 +171,14 @@ class _Facts:
     attention_width: int
     rotary: bool = True
     head_dim: int = 1
+    activation: str = "silu"
+    """The MLP activation as HF names it (its eager bytes: ``timing.eager_elementwise_bytes_per_token``)."""
+    bias: bool = False
+    """The projections have biases (their gradients are summed over the tokens)."""
+    fused_qkv: bool = False
+    """One QKV projection (GPT-2's ``c_attn``) rather than three."""
+    qk_norm: bool = False
+    """RMSNorm over each head of q and k (Qwen3)."""
 
 
 _CACHE: dict[int, tuple[Any, _Facts]] = {}
@@ -203,7 +211,12 @@ def _model_facts(model) -> _Facts:
                                  rmsnorm=model.norm == "rmsnorm", dropout=model.dropout > 0,
                                  softmax_fp32=model.norm == "rmsnorm"),
             rotary=model.rotary, head_dim=model.head_dim,
-            attention_width=model.attention_width,
+            attention_width=model.attention_width, activation=model.activation,
+            # Biases and fusion read off the tensor sizes: an MLP bias has the inner width, a fused
+            # QKV weight h (q + 2 kv) elements, a QK-norm weight head_dim (< h).
+            bias=model.ffn_hidden_size in model.layer_tensors,
+            fused_qkv=h * (model.attention_width + 2 * model.num_kv_heads * model.head_dim) in model.layer_tensors,
+            qk_norm=model.head_dim != h and model.head_dim in model.layer_tensors,
         )
     if len(_CACHE) > 256:
         _CACHE.clear()
@@ -321,7 +334,7 @@ def rank_params(model, layout: Layout, *, stage: int = 0, tp_style: str = "autot
 
 
 def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem.ZeroBuffers | None = None,
-             tp_style: str = "autotp", engine: str = "deepspeed") -> Estimate:
+             tp_style: str = "autotp", engine: str = "deepspeed", fused_kernels: bool | None = None) -> Estimate:
     """Memory per GPU (per stage) and step time of ``layout`` for ``model`` on ``cluster``.
 
     ``model`` is a ``dstk.models.ModelSpec``, or an ``int`` parameter count (model states only:
@@ -330,7 +343,9 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
     says how tensor parallelism treats the embedding (``stage_params``). ``engine="megatron"``
     prices the Megatron engine instead of DeepSpeed's (``dstk.estimate.megatron``: fp32 main
     gradients, the distributed optimizer as ZeRO 1, vocabulary-parallel embedding, Korthikanti et
-    al.'s activations for its fused kernels).
+    al.'s activations for its fused kernels). ``fused_kernels``: whether norms, residuals, activation
+    and rotary run as fused kernels (None: the engine's own, fused for Megatron, HF transformers'
+    eager modules for DeepSpeed; ``steptime.layer_pass_seconds``).
     """
     if engine not in ("deepspeed", "megatron"):
         raise ValueError(f"engine: expected deepspeed or megatron, got {engine!r}")
@@ -478,7 +493,7 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
     lora_terms = None if lf is None else lora_est.step_terms(facts=f, lf=lf, lora=lora, layout=layout,
                                                              training=training, cluster=cluster)
     time = step_time(facts=f, layout=layout, training=training, cluster=cluster, buffers=buffers, tp_style=tp_style,
-                     lora=lora_terms)
+                     lora=lora_terms, fused_kernels=fused_kernels)
     per_gpu = max(stages, key=lambda s: s.total_bytes)
     memory = Memory(per_gpu=per_gpu, per_stage=tuple(stages), cpu_bytes=int(cpu_total), nvme_bytes=int(nvme_total))
     return Estimate(memory=memory, time=time, layout=layout, training=training, model=model, cluster=cluster)

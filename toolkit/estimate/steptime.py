@@ -118,6 +118,9 @@ class LayerSeconds:
     weight_grad_gemm: float | None = None
     """The weight-gradient GEMMs alone, part of ``backward_gemm`` (what a frozen base skips under
     LoRA, ``dstk.estimate.lora``). None: ``gemm``."""
+    backward_elementwise: float | None = None
+    """Norms, residuals, activation, rotary, backward (counted op by op for HF's eager modules,
+    ``timing.eager_elementwise_bytes_per_token``). None: ``2 elementwise`` (fused kernels)."""
 
     @property
     def forward(self) -> float:
@@ -127,7 +130,8 @@ class LayerSeconds:
     def backward(self) -> float:
         gemm = 2.0 * self.gemm if self.backward_gemm is None else self.backward_gemm
         scores = 2.0 * self.scores_memory if self.backward_scores_memory is None else self.backward_scores_memory
-        return gemm + scores + 2.0 * self.elementwise + (2.5 if self.flash else 2.0) * self.attention
+        elementwise = 2.0 * self.elementwise if self.backward_elementwise is None else self.backward_elementwise
+        return gemm + scores + elementwise + (2.5 if self.flash else 2.0) * self.attention
 
     def recompute(self, mode: str) -> float:
         if mode == "full":
@@ -144,7 +148,7 @@ def uses_flash(*, attention: str, gpu) -> bool:
 
 
 def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_bytes: int, attention: str, gpu,
-                  peak_flops: float) -> LayerSeconds:
+                  peak_flops: float, fused: bool = True) -> LayerSeconds:
     """``LayerSeconds`` of one layer of ``facts`` (``dstk.estimate._Facts``) for ``tokens`` tokens
     of ``seq_len``-long sequences on one GPU of a TP group of ``tp`` (``sp = tp`` with sequence
     parallelism). GEMM shapes per GPU, ``T`` tokens, widths ``q, kv, f`` (Shoeybi et al. 2019 §3):
@@ -160,7 +164,12 @@ def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_byt
     the softmax's reads the probabilities and their gradient and writes the scores' gradient
     (``3w``: ``dx = y (dy - sum(y dy))``, Megatron's ``scaled_*_softmax_warp_backward`` and
     PyTorch's ``_softmax_backward_data``), against ``4w + 1`` forward (``timing.softmax_bytes_per_score``);
-    the fp32 softmax's casts count as in forward."""
+    the fp32 softmax's casts count as in forward.
+
+    Norms, residuals, activation and rotary: ``fused`` (Megatron's kernels) read and write each
+    tensor once (``timing.elementwise_bytes_per_token``, backward twice the forward); otherwise
+    HF transformers' eager modules, op by op (``timing.eager_elementwise_bytes_per_token``,
+    forward and backward each counted; 3.6x the fused bytes for a Llama layer)."""
     shape = facts.shape
     w = act_bytes
     if shape is None:  # a bare parameter count: its FLOPs at the GPU's plain achievable share
@@ -191,11 +200,20 @@ def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_byt
         backward_scores = tm.memory_seconds(nbytes=scores * per_score_back, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
     per_token = tm.elementwise_bytes_per_token(hidden=h, q_width=q / tp, kv_width=kv / tp, ffn=f / tp, act_bytes=w,
                                                sp=sp, gated=gated, rotary=facts.rotary, dropout=shape.dropout)
+    backward_elementwise = None
+    if not fused:
+        eager = tm.eager_elementwise_bytes_per_token(
+            hidden=h, q_width=q / tp, kv_width=kv / tp, ffn=f / tp, head_dim=facts.head_dim, act_bytes=w, sp=sp,
+            norm="rmsnorm" if shape.rmsnorm else "layernorm", activation=facts.activation, gated=gated,
+            rotary=facts.rotary, dropout=shape.dropout, bias=facts.bias, fused_qkv=facts.fused_qkv,
+            qk_norm=facts.qk_norm)
+        per_token = eager.forward
+        backward_elementwise = tm.memory_seconds(nbytes=eager.backward * tokens, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
     elementwise = tm.memory_seconds(nbytes=per_token * tokens, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
     return LayerSeconds(gemm=gemm, attention=attn, scores_memory=scores_memory, elementwise=elementwise,
                         flash=uses_flash(attention=attention, gpu=gpu), column_gemm=column,
                         backward_gemm=backward_gemm, backward_scores_memory=backward_scores,
-                        weight_grad_gemm=weight_grads)
+                        weight_grad_gemm=weight_grads, backward_elementwise=backward_elementwise)
 
 
 def head_seconds(*, facts, tokens: int, tp: int, act_bytes: int, gpu, peak_flops: float) -> float:
@@ -350,10 +368,12 @@ def tp_backward_exposed_seconds(*, one_seconds: float, column_gemm_seconds: floa
 
 
 def layer_pass_seconds(*, facts, layout, training, cluster, tp_style: str = "autotp",
-                       kernels: MegatronKernels = MegatronKernels()) -> LayerPass:
+                       kernels: MegatronKernels = MegatronKernels(), fused_kernels: bool | None = None) -> LayerPass:
     """``LayerPass`` of one layer of ``facts`` under ``layout`` (what ``step_time`` multiplies by
     the layers of a stage; Korthikanti et al. 2022 Table 4 measures the same quantity).
-    ``kernels`` applies to the Megatron engine (``tp_style="megatron"``) only."""
+    ``kernels`` applies to the Megatron engine (``tp_style="megatron"``) only. ``fused_kernels``:
+    whether norms, residuals, activation and rotary run as fused kernels (``layer_seconds``);
+    None: the engine's own, fused for Megatron, HF transformers' eager modules for DeepSpeed."""
     from dstk.estimate import _bandwidth
 
     gpu = cluster.gpu
@@ -362,7 +382,8 @@ def layer_pass_seconds(*, facts, layout, training, cluster, tp_style: str = "aut
     tokens = layout.micro_batch * training.seq_len
     layer = layer_seconds(facts=facts, tokens=tokens, seq_len=training.seq_len, tp=tp,
                           sp=tp if layout.sequence_parallel else 1, act_bytes=w, attention=training.attention,
-                          gpu=gpu, peak_flops=gpu.peak_flops(training.precision))
+                          gpu=gpu, peak_flops=gpu.peak_flops(training.precision),
+                          fused=tp_style == "megatron" if fused_kernels is None else fused_kernels)
     fwd, bwd = layer.forward, layer.backward + layer.recompute(layout.recompute)
     floor = gpu.layer_overhead_seconds - fwd - bwd
     if floor > 0:  # dispatch-bound (a tiny model on a CPU rank): the layer takes the floor
@@ -1030,12 +1051,14 @@ def latency_extra_seconds(*, call_seconds: float, priced_seconds: float) -> floa
 
 
 def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "autotp",
-              kernels: MegatronKernels = MegatronKernels(), zero_kernels: ZeroKernels = ZeroKernels(), lora=None):
+              kernels: MegatronKernels = MegatronKernels(), zero_kernels: ZeroKernels = ZeroKernels(), lora=None,
+              fused_kernels: bool | None = None):
     """``Time`` of one optimizer step of ``layout`` (see the module docstring for the model);
     ``kernels``: the Megatron engine's overlap (``MegatronKernels``; ``MEGATRON_2021`` for the
     Megatron-LM of Narayanan et al. 2021); ``zero_kernels``: DeepSpeed's (``ZeroKernels``;
     ``DEEPSPEED_2021`` for its ZeRO-3 of the same paper). ``lora``: ``dstk.estimate.lora.StepTerms`` when adapters
-    train on a frozen base (its deltas are applied at the four places marked "LoRA")."""
+    train on a frozen base (its deltas are applied at the four places marked "LoRA").
+    ``fused_kernels``: see ``layer_pass_seconds`` (None: the engine's own)."""
     from dstk.estimate import Time, _bandwidth, stage_layers, stage_params
 
     f = facts
@@ -1048,7 +1071,7 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
     megatron = tp_style == "megatron"
 
     layer = layer_pass_seconds(facts=f, layout=layout, training=training, cluster=cluster, tp_style=tp_style,
-                               kernels=kernels)
+                               kernels=kernels, fused_kernels=fused_kernels)
     if lora is not None:  # LoRA: no weight gradients for the frozen base, the adapters' GEMMs
         layer = dataclasses.replace(layer, backward=layer.backward + lora.layer_backward_seconds)
     pp_mb = 0.0

@@ -5,6 +5,8 @@ Bandwidths and peaks come from ``dstk.hardware`` (inputs, never constants here).
 
 from __future__ import annotations
 
+import dataclasses
+
 
 def forward_flops_per_token(*, matmul_params: float, num_layers: int, seq_len: int, attention_width: int) -> float:
     """Forward FLOPs per token: ``2 N`` for the matmul parameters a token passes through (weights
@@ -85,6 +87,92 @@ def elementwise_bytes_per_token(*, hidden: int, q_width: int, kv_width: int, ffn
     if rotary:
         out += 2 * w * (q_width + kv_width)
     return float(out)
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class EagerBytes:
+    """Bytes per token of one layer's memory-bound operators, forward and backward."""
+
+    forward: float
+    backward: float
+
+
+# (forward, backward) bytes per element of the MLP activation in units of the activation width
+# ``w``, as HF transformers runs it (``transformers/activations.py``): ``gelu_new``
+# (``NewGELUActivation``) is ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` written as eight
+# aten ops (pow, mul, add, mul, tanh, add, mul, mul: 18 w) whose autograd backward runs eleven
+# (28 w); silu, gelu, gelu_pytorch_tanh and relu are one aten kernel each way (read x, write y:
+# 2 w; read dy and x, write dx: 3 w).
+_EAGER_ACTIVATION = {"gelu_new": (18, 28)}
+
+
+def eager_elementwise_bytes_per_token(*, hidden: int, q_width: float, kv_width: float, ffn: float, head_dim: int,
+                                      act_bytes: int, sp: int = 1, norm: str, activation: str, gated: bool,
+                                      rotary: bool, dropout: bool, bias: bool = False, fused_qkv: bool = False,
+                                      qk_norm: bool = False) -> EagerBytes:
+    """Bytes per token of one layer's non-GEMM, non-attention operators as HF transformers' modeling
+    code runs them eagerly (the ``deepspeed`` engine), counted aten op by aten op from the installed
+    transformers 5.x code (``LlamaRMSNorm``, ``apply_rotary_pos_emb``/``rotate_half``,
+    ``LlamaMLP``, ``GPT2Block``/``GPT2MLP``, ``NewGELUActivation``) and its autograd backward, each op
+    reading its inputs and writing its output (``benchmarks/eager_bytes.py`` measures the same
+    under a ``TorchDispatchMode``). Widths already divided by TP (``sp``: the TP degree under
+    sequence parallelism, else 1); ``w`` = ``act_bytes``, fp32 intermediates 4 bytes; ``c = w + 4``
+    per fp32 cast (none in fp32 training). Per element of the width named:
+
+    - RMSNorm (``hidden.to(fp32)``, ``pow(2)``, ``mean``, ``* rsqrt``, ``.to(w)``, ``weight *``):
+      forward ``2c + 20 + 2w``; backward ``2c + 68 + 6w`` (weight gradient ``3w + w``, the fp32
+      chain ``pow``/``mean``/``rsqrt``/``mul`` reversed). LayerNorm (one ``native_layer_norm``
+      kernel): forward ``2w``, backward ``3w``. Two per layer over ``h``, QK-norm (Qwen3) over
+      ``q + kv``.
+    - Residual adds, two: ``3w h`` each way. In backward the input gradients of projections that
+      share an input add up: ``3w h`` per extra consumer (q/k/v separate: 2; gate and up: 1);
+      a fused QKV projection instead concatenates their gradients (``2w (q + 2kv)``).
+    - Residual dropout, two (CUDA's fused ``native_dropout``: x in, y and a 1-byte mask out):
+      ``(2w + 1) h`` forward, ``(2w + 1) h`` backward (gradient and mask in, gradient out).
+    - Rotary on q and k (``q * cos + rotate_half(q) * sin``: mul, neg, cat, mul, add): forward
+      ``10w``; backward ``17w``: mul, neg, two ``slice_backward`` (zero-fill, then copy the half:
+      ``2w`` each), add, mul, add, and the ``clone`` that makes the gradient contiguous for the
+      projection's ``view``; plus ``w head_dim`` per ``cos``/``sin`` read (four each way).
+    - MLP activation over ``f``: gated ``act(gate) * up``: activation plus ``3w`` forward,
+      activation backward plus two products ``6w``; ``_EAGER_ACTIVATION`` for the activation.
+    - Bias gradients (``bias``): a ``sum`` over the tokens reading ``w`` per output element of
+      the four projections.
+
+    Not counted: the GEMMs (priced by FLOPs), the attention kernel (SDPA/flash, priced
+    separately), views, the ``cos``/``sin`` tables (once per model), MoE routing."""
+    w, f32 = act_bytes, 4
+    c = (w + f32) if w < f32 else 0
+    h = hidden / sp
+    qk = q_width + kv_width
+    if norm == "rmsnorm":
+        norm_fwd, norm_bwd = 2 * c + 20 + 2 * w, 2 * c + 68 + 6 * w
+    else:
+        norm_fwd, norm_bwd = 2 * w, 3 * w
+    act_fwd, act_bwd = _EAGER_ACTIVATION.get(activation, (2, 3))
+    forward = 2 * norm_fwd * h + 2 * 3 * w * h
+    backward = 2 * norm_bwd * h + 2 * 3 * w * h
+    if qk_norm:
+        forward += norm_fwd * qk
+        backward += norm_bwd * qk
+    if fused_qkv:
+        backward += 2 * w * (q_width + 2 * kv_width)
+    else:
+        backward += 2 * 3 * w * h
+    if dropout:
+        forward += 2 * (2 * w + 1) * h
+        backward += 2 * (2 * w + 1) * h
+    if rotary:
+        forward += 10 * w * qk + 4 * w * head_dim
+        backward += 17 * w * qk + 4 * w * head_dim
+    if gated:
+        forward += (act_fwd + 3) * w * ffn
+        backward += (act_bwd + 6) * w * ffn + 3 * w * h
+    else:
+        forward += act_fwd * w * ffn
+        backward += act_bwd * w * ffn
+    if bias:
+        backward += w * (q_width + 2 * kv_width + 2 * hidden + (2 if gated else 1) * ffn)
+    return EagerBytes(forward=float(forward), backward=float(backward))
 
 
 def softmax_bytes_per_score(*, act_bytes: int, dropout: bool) -> float:

@@ -1,0 +1,104 @@
+"""HF transformers' eager modules: the memory traffic ``timing.eager_elementwise_bytes_per_token``
+prices against a count of every aten op a real decoder layer runs (``benchmarks/eager_bytes.py``,
+a ``TorchDispatchMode`` on CPU), and what it does to the ``deepspeed`` engine's step time."""
+
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+from dstk.estimate import _model_facts, estimate
+from dstk.estimate import steptime as st
+from dstk.estimate import timing as tm
+from dstk.hardware import Cluster, get_gpu, get_interconnect
+from dstk.layout import Layout, Training
+from dstk.models import get_model
+
+
+def _bench():
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "eager_bytes.py"
+    spec = importlib.util.spec_from_file_location("eager_bytes", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    return bench
+
+
+@pytest.mark.parametrize("family, hidden, heads, kv_heads, ffn, batch, seq_len", [
+    ("llama", 256, 8, 2, 704, 2, 128),
+    ("llama", 512, 8, 8, 1376, 1, 256),
+    ("gpt2", 256, 8, 8, 1024, 2, 128),
+    ("gpt2", 384, 6, 6, 1536, 1, 192),
+])
+def test_formula_equals_the_dispatch_count(family, hidden, heads, kv_heads, ffn, batch, seq_len):
+    """One real layer, bf16, forward + backward: the formula is within 0.3% of the bytes its aten ops
+    read and write (the rest: norm weights and ``rsqrt`` over one value per token), and the fused
+    formula is far below it (eager runs 3-4x the bytes)."""
+    bench = _bench()
+    measured, counter = bench.measure(family=family, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn,
+                                      batch=batch, seq_len=seq_len)
+    eager, fused = bench.formula(family=family, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn)
+    assert eager == pytest.approx(measured, rel=0.003)
+    assert fused < 0.35 * measured
+    assert "mm" not in counter.by_op and not any("scaled_dot_product" in op for op in counter.by_op)
+
+
+def test_fp32_training_has_no_casts():
+    """RMSNorm's ``.to(float32)`` and back are no-ops when the activations already are fp32: per
+    element it moves ``20 + 2w`` forward and ``68 + 6w`` backward (bf16: ``+ 2 (w + 4)`` each way)."""
+    kw = dict(hidden=4096, q_width=4096, kv_width=1024, ffn=14336, head_dim=128, activation="silu", gated=True,
+              rotary=True, dropout=False)
+    for w, rms_fwd, rms_bwd in ((2, 36, 92), (4, 28, 92)):
+        rms = tm.eager_elementwise_bytes_per_token(act_bytes=w, norm="rmsnorm", **kw)
+        ln = tm.eager_elementwise_bytes_per_token(act_bytes=w, norm="layernorm", **kw)
+        assert rms.forward - ln.forward == 2 * 4096 * (rms_fwd - 2 * w)
+        assert rms.backward - ln.backward == 2 * 4096 * (rms_bwd - 3 * w)
+
+
+H100 = Cluster(num_nodes=1, gpus_per_node=8, gpu=get_gpu("h100-sxm"), interconnect=get_interconnect("ib-ndr"))
+
+
+def _llama8b(**kw):
+    model = get_model("llama-3-8b")
+    layout = Layout(dp=8, micro_batch=1, grad_accum=4, zero_stage=1)
+    training = Training(seq_len=8192, global_batch=32, precision="bf16", attention="flash")
+    return model, layout, estimate(model=model, layout=layout, training=training, cluster=H100, **kw)
+
+
+def test_deepspeed_step_grows_by_the_priced_bytes():
+    """Llama-3-8B on 8 H100, ZeRO-1 (no recompute): the deepspeed engine's step is the fused one plus
+    the extra eager bytes of every layer and micro-batch at the HBM bandwidth."""
+    model, layout, eager = _llama8b()
+    _, _, fused = _llama8b(fused_kernels=True)
+    f = _model_facts(model)
+    kw = dict(hidden=4096, q_width=4096, kv_width=1024, ffn=14336, act_bytes=2)
+    per_token = tm.eager_elementwise_bytes_per_token(**kw, head_dim=128, norm="rmsnorm", activation="silu",
+                                                     gated=True, rotary=True, dropout=False)
+    extra = per_token.forward + per_token.backward - 3 * tm.elementwise_bytes_per_token(
+        **kw, sp=1, gated=True, rotary=True, dropout=False)
+    expected = extra * 8192 * f.layers * layout.grad_accum / H100.gpu.hbm_bytes_per_s
+    assert expected > 0.05 * fused.time.step_seconds  # a real share of the step, not noise
+    assert eager.time.step_seconds - fused.time.step_seconds == pytest.approx(expected, rel=0.01)
+
+
+def test_megatron_engine_keeps_the_fused_bytes():
+    model, layout, _ = _llama8b()
+    training = Training(seq_len=8192, global_batch=32, precision="bf16", attention="flash")
+    default = estimate(model=model, layout=layout, training=training, cluster=H100, engine="megatron")
+    fused = estimate(model=model, layout=layout, training=training, cluster=H100, engine="megatron",
+                     fused_kernels=True)
+    assert default.time.step_seconds == fused.time.step_seconds
+
+
+def test_layer_backward_uses_the_eager_count():
+    """``LayerSeconds.backward`` takes the counted backward, not twice the forward (the eager
+    backward of RMSNorm and rotary moves 2.5x and 1.7x its forward)."""
+    f = _model_facts(get_model("llama-3-8b"))
+    kw = dict(facts=f, tokens=8192, seq_len=8192, tp=1, sp=1, act_bytes=2, attention="flash", gpu=H100.gpu,
+              peak_flops=H100.gpu.peak_flops("bf16"))
+    eager, fused = st.layer_seconds(**kw, fused=False), st.layer_seconds(**kw)
+    assert eager.backward_elementwise > 2 * eager.elementwise > 2 * fused.elementwise
+    assert eager.backward - eager.backward_elementwise == pytest.approx(fused.backward - 2 * fused.elementwise)
