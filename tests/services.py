@@ -405,7 +405,7 @@ def sshd_fixture(*, scope: str = "module"):
         try:
             server = start_sshd(tmp_path_factory.mktemp("sshd"))
         except Unavailable as exc:
-            pytest.skip(f"no sshd for pdsh: {exc}")
+            pytest.skip(f"no sshd: {exc}")
         yield server
         server.stop()
 

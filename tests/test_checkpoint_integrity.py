@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 
 from dstk.errors import DstkError
 from dstk.train import integrity
+from tests.procs import run_group
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "intents" / "tiny-llama-cpu.yaml"
@@ -171,15 +171,7 @@ def _hashes(root: Path) -> dict[str, str]:
 
 def _dstk(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run dstk in its own session; on a timeout kill the whole group (the runner and its ranks too)."""
-    proc = subprocess.Popen([sys.executable, "-m", "dstk", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=ENV, cwd=ROOT, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"timed out after {timeout} s:\n{out[-3000:]}\n{err[-3000:]}") from None
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_group([sys.executable, "-m", "dstk", *args], env=ENV, cwd=ROOT, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

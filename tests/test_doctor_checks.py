@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dstk.launch import doctor, shm
-from tests.services import Unavailable, start_sshd
+from tests.services import sshd_fixture
 
 MIB, GIB = 2**20, 2**30
 VENV_BIN = Path(sys.executable).parent
@@ -151,14 +151,7 @@ def test_doctor_prints_each_static_check(capsys):
     assert {"shm", "shm leaks", "memlock", "ops"} <= set(names)
 
 
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory):
-    try:
-        server = start_sshd(tmp_path_factory.mktemp("sshd"))
-    except Unavailable as exc:
-        pytest.skip(f"no sshd: {exc}")
-    yield server
-    server.stop()
+sshd = sshd_fixture()
 
 
 @pytest.mark.distributed

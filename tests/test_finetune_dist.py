@@ -8,8 +8,6 @@ Run directories come from ``dstk generate`` (fp32, so that "equal" can mean bit-
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import signal
@@ -19,6 +17,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.procs import loss_segments, worker_pid
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "intents" / "tiny-llama-cpu.yaml"
@@ -58,16 +58,7 @@ def _finetune(run_dir: Path, out: Path, *extra: str, timeout: float = 240) -> st
 
 
 def _segments(out: Path) -> list[list[tuple[int, float]]]:
-    """Train/loss rows of DeepSpeed's csv monitor, one segment per process that wrote them (each
-    process writes the header again when it first writes)."""
-    segments: list[list[tuple[int, float]]] = []
-    path = out / "logs" / "csv" / "Train_loss.csv"
-    for row in csv.reader(io.StringIO(path.read_text() if path.exists() else "")):
-        if row == ["step", "loss"]:
-            segments.append([])
-        elif row:
-            segments[-1].append((int(row[0]), float(row[1])))
-    return segments
+    return loss_segments(out / "logs" / "csv" / "Train_loss.csv")
 
 
 def _check_export(out: Path, *, atol: float) -> None:
@@ -90,19 +81,6 @@ def _check_export(out: Path, *, atol: float) -> None:
 def _falls(losses: list[float]) -> bool:
     k = max(1, len(losses) // 5)
     return sum(losses[-k:]) / k < sum(losses[:k]) / k - 0.1
-
-
-def _worker_pid(spec: Path, rank: int) -> int | None:
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"dstk.train.worker" in args and str(spec).encode() in args and f"--local_rank={rank}".encode() in args:
-            return int(proc.name)
-    return None
 
 
 STEPS, SAVE_EVERY = 60, 5
@@ -129,7 +107,7 @@ def test_zero2_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path):
         while time.monotonic() < deadline and proc.poll() is None:
             segs = _segments(out)
             if segs and segs[0] and segs[0][-1][0] >= 12:
-                pid = _worker_pid(out.resolve() / "finetune.json", 1)
+                pid = worker_pid(out.resolve() / "finetune.json", 1)
                 if pid is not None:
                     killed_at = segs[0][-1][0]
                     os.kill(pid, signal.SIGKILL)

@@ -20,8 +20,6 @@ step, a wrong data position or an optimizer state not restored moves the loss by
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import signal
@@ -31,6 +29,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.procs import loss_segments, worker_pid
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "intents" / "tiny-llama-cpu.yaml"
@@ -227,27 +227,8 @@ def _cmd(out: Path, *extra: str) -> list[str]:
 
 def _segments(out: Path) -> list[list[tuple[int, float]]]:
     """Train/loss rows of DeepSpeed's csv monitor, one segment per process that wrote them."""
-    segments: list[list[tuple[int, float]]] = []
     paths = sorted(p for d in ("logs", "metrics") for p in (out / d).glob("**/Train_loss.csv"))
-    for row in csv.reader(io.StringIO(paths[0].read_text() if paths else "")):
-        if row == ["step", "loss"]:
-            segments.append([])
-        elif row:
-            segments[-1].append((int(row[0]), float(row[1])))
-    return segments
-
-
-def _worker_pid(spec: Path, rank: int) -> int | None:
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            args = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"dstk.train.worker" in args and str(spec).encode() in args and f"--local_rank={rank}".encode() in args:
-            return int(proc.name)
-    return None
+    return loss_segments(paths[0] if paths else None)
 
 
 def _run_and_kill(cmd: list[str], out: Path, *, rank: int) -> str:
@@ -262,7 +243,7 @@ def _run_and_kill(cmd: list[str], out: Path, *, rank: int) -> str:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
             if pid is None:
-                pid = _worker_pid(out.resolve() / "finetune.json", rank)
+                pid = worker_pid(out.resolve() / "finetune.json", rank)
                 continue
             segs = _segments(out)
             if len(segs) > segments_before and segs[-1]:

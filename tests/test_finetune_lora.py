@@ -11,8 +11,6 @@ checkpoint repeats the lost steps exactly.
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 import shutil
@@ -27,6 +25,7 @@ from dstk.errors import UsageError
 from dstk.models import FAMILIES, family_module
 from dstk.train.lora import LoraSettings, resolve_targets, settings_from_flags, target_names
 from dstk.train.lora_size import num_lora_params
+from tests.procs import loss_segments
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "intents" / "tiny-llama-cpu.yaml"
@@ -202,13 +201,7 @@ def _lora_finetune(out: Path, *, zero: int) -> str:
 
 
 def _segments(out: Path) -> list[list[tuple[int, float]]]:
-    segments: list[list[tuple[int, float]]] = []
-    for row in csv.reader(io.StringIO((out / "logs" / "csv" / "Train_loss.csv").read_text())):
-        if row == ["step", "loss"]:
-            segments.append([])
-        elif row:
-            segments[-1].append((int(row[0]), float(row[1])))
-    return segments
+    return loss_segments(out / "logs" / "csv" / "Train_loss.csv")
 
 
 def _initial_model(out: Path):

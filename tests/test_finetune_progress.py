@@ -18,6 +18,7 @@ import pytest
 
 from dstk.train.logs import RunSink, is_noise, show_tail
 from dstk.train.progress import eta_seconds, format_progress, parse_record, progress_record
+from tests.procs import run_group
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -158,21 +159,6 @@ def _env() -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     return env
-
-
-def run_group(argv: list[str], *, timeout: float = 600, **kwargs) -> subprocess.CompletedProcess:
-    """``subprocess.run(capture_output=True, text=True)`` in a new session whose whole process group
-    (the deepspeed runner and the ranks too) is killed on a timeout: killing ``dstk`` alone leaves
-    its ranks running."""
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            **kwargs)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"{argv} ran past {timeout} s:\n{out[-3000:]}\n{err[-3000:]}")
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def _finetune_args(out: Path, *extra: str) -> list[str]:

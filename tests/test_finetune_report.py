@@ -68,7 +68,7 @@ def _env(**extra: str) -> dict:
 
 def _finetune(out: Path, *extra: str, timeout: float = 600) -> subprocess.CompletedProcess:
     data = ROOT / "templates" / "corpus" / "harbour-notes.txt"
-    from tests.test_finetune_progress import run_group
+    from tests.procs import run_group
 
     return run_group([sys.executable, "-m", "dstk.cli", "finetune", "--model", "tiny-llama", "--data", str(data),
                       "--gpus", "2", "--zero", "2", "--output", str(out), "--steps", "12", *extra],

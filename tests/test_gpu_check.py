@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.procs import run_group
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_check.sh"
@@ -24,16 +25,9 @@ SMOKE_DIMS = ("--num-layers", "2", "--hidden-size", "64", "--num-heads", "4", "-
 
 def _run(out: Path, *, env: dict | None = None, timeout: float = 400) -> subprocess.CompletedProcess:
     """The script in its own process group, killed whole if it outlives ``timeout``."""
-    proc = subprocess.Popen(["bash", str(SCRIPT), "--cpu-smoke", "--out", str(out), "--python", sys.executable],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}, start_new_session=True)
-    try:
-        stdout, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        stdout, _ = proc.communicate()
-        pytest.fail(f"gpu_check.sh --cpu-smoke outlived {timeout} s:\n{stdout[-4000:]}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, "")
+    return run_group(["bash", str(SCRIPT), "--cpu-smoke", "--out", str(out), "--python", sys.executable],
+                     stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
+                     timeout=timeout)
 
 
 @pytest.fixture(scope="module")

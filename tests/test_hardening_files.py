@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from dstk.cli import main
+from tests.procs import until_paused
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "import"
@@ -279,16 +280,13 @@ def test_export_killed_at_every_step_leaves_nothing_or_all(tmp_path, checkpoint,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, "PAUSE_AT": str(pause_at)}, start_new_session=True)
         try:
-            line = proc.stdout.readline()
-            while line and not line.startswith(("PAUSED", "DONE")):
-                line = proc.stdout.readline()
-            if line.startswith("DONE"):
+            step = until_paused(proc)
+            if step is None:
                 proc.wait(timeout=120)
                 assert proc.returncode == 0, proc.stderr.read()
                 assert _tree(out) == reference and _temps(parent) == []
                 break
-            assert line.startswith("PAUSED"), proc.stderr.read() if proc.poll() is not None else line
-            steps.append(line.split(" ", 1)[1].strip())
+            steps.append(step)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)

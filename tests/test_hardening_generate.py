@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from dstk.cli import main
+from tests.procs import until_paused
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "examples" / "intents" / "tiny-llama-cpu.yaml")
@@ -118,14 +119,11 @@ def test_sigkill_at_every_step_leaves_old_or_new_never_a_mix(tmp_path, force):
             before = _snapshot(out)
         args = ["generate", TINY, "-o", str(out), "--global-batch", "16"] + (["--force"] if force else [])
         proc = _child(args, PAUSE_AT=str(pause_at))
-        line = proc.stdout.readline()
-        while line and not line.startswith(("PAUSED", "DONE")):  # the command's own output
-            line = proc.stdout.readline()
-        if line.startswith("DONE"):
+        step = until_paused(proc)
+        if step is None:
             proc.wait(timeout=60)
             break
-        assert line.startswith("PAUSED"), (line, proc.stderr.read() if proc.poll() is not None else "")
-        steps_seen.append(line.split(" ", 1)[1].strip())
+        steps_seen.append(step)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
         assert proc.returncode == -signal.SIGKILL

@@ -14,7 +14,6 @@ import json
 import mmap
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from dstk.launch import shm
+from tests.procs import run_group
 from tests.test_launch import write_run_dir
 
 SCRIPT = Path(__file__).parent / "data" / "shm" / "shm_rank.py"
@@ -80,13 +80,7 @@ def test_launch_removes_its_own_buffers_and_only_those(tmp_path, free_port, code
     probe = subprocess.run(argv[:6] + ["mount -t tmpfs -o size=1m x /dev/shm"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"no private /dev/shm (unshare --mount needs root): {probe.stderr.strip()}")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
-                            start_new_session=True)
-    try:
-        out = proc.communicate(timeout=300)[0]
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the runner and its ranks too
-        raise AssertionError(f"timed out:\n{proc.communicate()[0][-4000:]}") from None
+    out = run_group(argv, stderr=subprocess.STDOUT, env=ENV, timeout=300).stdout
     line = next((ln for ln in out.splitlines() if ln.startswith("RESULT ")), None)
     assert line is not None, out[-4000:]
     result = json.loads(line[len("RESULT "):])

@@ -23,10 +23,11 @@ def extensions_root(environ=os.environ) -> Path:
     return Path(root) if root else Path.home() / ".cache" / "torch_extensions"
 
 
-def _open_files() -> set[str]:
-    """Every file some process we can see holds open (Linux /proc; empty elsewhere)."""
+def open_files(*, proc_dir: str = "/proc") -> set[str]:
+    """Every file some process we can see holds open: the targets of the ``PROC_DIR/PID/fd/*`` links
+    (an unlinked file's ends in `` (deleted)``); empty where there is no /proc."""
     held: set[str] = set()
-    proc = Path("/proc")
+    proc = Path(proc_dir)
     if not proc.is_dir():
         return held
     for pid_dir in proc.iterdir():
@@ -51,7 +52,7 @@ def find_stale_locks(root: Path | None = None) -> list[Path]:
     locks = sorted({*root.glob("*/lock"), *root.glob("*/*/lock")})
     if not locks:
         return []
-    held = _open_files()
+    held = open_files()
     return [p for p in locks if str(p.resolve()) not in held and str(p) not in held]
 
 

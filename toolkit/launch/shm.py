@@ -31,6 +31,8 @@ import re
 import shlex
 from pathlib import Path
 
+from dstk.launch.locks import open_files
+
 SHM_DIR = "/dev/shm"
 """Where glibc's ``shm_open`` puts POSIX shared memory on Linux."""
 
@@ -70,22 +72,12 @@ def parse_name(name: str) -> tuple[int, str, int | None, int] | None:
 def in_use_paths(*, proc_dir: str = "/proc", needle: str = PREFIX) -> set[str]:
     """Paths holding ``needle`` that some process we can see maps (``/proc/PID/maps``) or holds open
     (``/proc/PID/fd``)."""
-    used: set[str] = set()
+    used = {target.removesuffix(" (deleted)") for target in open_files(proc_dir=proc_dir) if needle in target}
     try:
         pids = [p for p in os.listdir(proc_dir) if p.isdigit()]
     except OSError:
         return used
     for pid in pids:
-        try:
-            for fd in os.listdir(f"{proc_dir}/{pid}/fd"):
-                try:
-                    target = os.readlink(f"{proc_dir}/{pid}/fd/{fd}")
-                except OSError:
-                    continue
-                if needle in target:
-                    used.add(target.removesuffix(" (deleted)"))
-        except OSError:  # gone, or another user's process
-            pass
         try:
             with open(f"{proc_dir}/{pid}/maps", encoding="utf-8", errors="replace") as maps:
                 for line in maps:
