@@ -266,7 +266,11 @@ def test_slurm_launcher_command_passes_launcher_args_and_runs_the_rank_wrapper_a
     assert cmd[cmd.index("--"):] == ["--", "-m", "dstk.launch.rank", "train.py", "--deepspeed_config", "/r/ds.json"]
     cmd = plan_launch(_slurm_spec(launcher="slurm", launcher_args="-K0", module=True, prefix_output=False,
                                   script="my.train")).command
-    assert "--launcher_args=-K0" in cmd and cmd[cmd.index("--"):] == ["--", "-m", "my.train"]
+    # --no-prefix: the wrapper only sets the ranks' torch.distributed variables and execs the module
+    assert "--launcher_args=-K0" in cmd and cmd[cmd.index("--"):] == ["--", "-m", "dstk.launch.rank", "--exec",
+                                                                      "-m", "my.train"]
+    cmd = plan_launch(_slurm_spec(launcher="slurm", prefix_output=False)).command
+    assert cmd[cmd.index("--"):] == ["--", "-m", "dstk.launch.rank", "--exec", "train.py"]
     # pdsh: the user's launcher args only, nothing added
     cmd = plan_launch(_slurm_spec(launcher="pdsh", launcher_args="-f 64")).command
     assert "--launcher_args=-f 64" in cmd and "--no_ssh_check" not in cmd and "--" not in cmd
@@ -283,3 +287,131 @@ def test_launcher_args_without_a_multi_node_launcher_are_refused():
         slurm_launcher_args("", environ_kill="yes")
     with pytest.raises(DstkError, match="No closing quotation"):
         slurm_launcher_args("-p 'debug", environ_kill=None)
+
+
+# --- `dstk launch --launcher slurm`: the ranks find each other and train -------------------------
+
+DIST_RANK = """\
+import argparse, os
+import deepspeed, torch
+import torch.distributed as dist
+from dstk.launch.rank import exit_rank
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--deepspeed_config", required=True)
+args = parser.parse_args()
+deepspeed.init_distributed("gloo")
+rank, world = dist.get_rank(), dist.get_world_size()
+assert (rank, world) == (int(os.environ["SLURM_PROCID"]), 2), (rank, world)
+total = torch.tensor([rank + 1.0])
+dist.all_reduce(total)
+print(f"ALLREDUCE rank={rank} world={world} sum={total.item():g} local={os.environ['LOCAL_RANK']} "
+      f"local_size={os.environ.get('LOCAL_SIZE')} port={os.environ['MASTER_PORT']}", flush=True)
+# a real DeepSpeed engine step of a tiny model, with the run directory's ds_config.json (bf16, AdamW, warm-up)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=args.deepspeed_config)
+dtype = next(engine.module.parameters()).dtype
+torch.manual_seed(1 + rank)
+x = torch.randn(engine.train_micro_batch_size_per_gpu(), 8).to(dtype)
+y = torch.randn(engine.train_micro_batch_size_per_gpu(), 1).to(dtype)
+before = [p.detach().clone() for p in engine.module.parameters()]
+for _ in range(3):  # the warm-up starts at lr 0
+    loss = torch.nn.functional.mse_loss(engine(x), y)
+    engine.backward(loss)
+    engine.step()
+changed = any(not torch.equal(a, b) for a, b in zip(before, engine.module.parameters()))
+flat = torch.cat([p.detach().flatten() for p in engine.module.parameters()])
+gathered = [torch.empty_like(flat) for _ in range(world)]
+dist.all_gather(gathered, flat)
+same = all(torch.equal(gathered[0], g) for g in gathered)
+print(f"STEP rank={rank} loss={loss.item():.4f} changed={changed} same={same}", flush=True)
+exit_rank()
+"""
+LEAKED_RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_SIZE", "CROSS_RANK", "CROSS_SIZE",
+                    "MASTER_ADDR", "MASTER_PORT", "DSTK_MASTER_ADDR", "DSTK_MASTER_PORT")
+"""What an in-process DeepSpeed test of this session may have left in os.environ: not for a launcher."""
+
+
+def _launcher_env(slurm) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in LEAKED_RANK_VARS and not k.startswith("SLURM_")}
+    return {**env, **slurm.env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("prefix", [True, False], ids=["prefix", "no-prefix"])
+def test_runner_srun_ranks_init_distributed_and_train(slurm, run_dir, tmp_path, free_port, prefix):
+    """`dstk launch --launcher slurm` (runner -> srun -n 2 -> dstk.launch.rank): srun gives the ranks only
+    SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID; without RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT
+    deepspeed.init_distributed tried MPI discovery and every rank died (``No module named 'mpi4py'``).
+    Now the wrapper sets them (``--exec`` under --no-prefix): the gloo all-reduce sums both ranks and a
+    DeepSpeed engine trains. With the prefix, `dstk launch` runs with a stale RANK/LOCAL_RANK/WORLD_SIZE (as
+    left by an in-process DeepSpeed run): dstk drops them from the runner's environment
+    (run.RANK_IDENTITY_VARS), or srun's --export=ALL would hand them to every rank; and a stale
+    MASTER_ADDR/MASTER_PORT, which the ranks' own rendezvous must not take over dstk's."""
+    env = _launcher_env(slurm)
+    if prefix:
+        env.update(RANK="7", LOCAL_RANK="5", WORLD_SIZE="9", MASTER_ADDR="10.255.255.1", MASTER_PORT="1")
+    script = tmp_path / "dist_rank.py"
+    script.write_text(DIST_RANK)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(f"{slurm.node} slots=2\n")
+    started = time.monotonic()
+    try:
+        done = subprocess.run([sys.executable, "-m", "dstk", "launch", str(run_dir), "--hostfile", str(hostfile),
+                               "--launcher", "slurm", "--master-addr", "127.0.0.1", "--master-port", str(free_port),
+                               *([] if prefix else ["--no-prefix"]), "--", str(script)],
+                              capture_output=True, text=True, env=env, cwd=tmp_path, timeout=JOB_TIMEOUT_SECONDS)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"timed out:\n{exc.stdout}\n{exc.stderr}") from None
+    print(f"dstk launch --launcher slurm{'' if prefix else ' --no-prefix'}: 2 ranks, init + all-reduce + 3 engine "
+          f"steps in {time.monotonic() - started:.1f} s, exit {done.returncode}")
+    out = done.stdout + done.stderr
+    (tmp_path / "launch.out").write_text(out)  # kept under --basetemp, to read a slow run's timeline
+    assert "mpi4py" not in out, out[-3000:]
+    assert done.returncode == 0, out[-3000:]
+    assert re.search(r"cmd = srun -n 2 ", out), out[-3000:]
+    tag = r"\[rank (\d)\] " if prefix else "()"
+    reduced = sorted(re.findall(f"^{tag}ALLREDUCE rank=(\\d) world=2 sum=3 local=(\\d) local_size=2 port=(\\d+)$",
+                                out, re.M))
+    who = ("0", "1") if prefix else ("", "")
+    assert reduced == [(who[0], "0", "0", str(free_port)), (who[1], "1", "1", str(free_port))], out[-3000:]
+    steps = sorted(re.findall(f"^{tag}STEP rank=(\\d) loss=\\S+ changed=True same=True$", out, re.M))
+    assert steps == [(who[0], "0"), (who[1], "1")], out[-3000:]
+    assert "dstk: rank" not in done.stderr, done.stderr[-3000:]  # no rank failed or went missing
+
+
+def test_srun_rank_env_maps_slurms_task_variables():
+    from dstk.launch.rank import srun_rank_env
+
+    task = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4", "SLURM_LOCALID": "1",
+            "SLURM_NODEID": "1", "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+            "DSTK_MASTER_ADDR": "n0", "DSTK_MASTER_PORT": "29511"}
+    assert srun_rank_env(environ=task) == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_SIZE": "2",
+                                   "CROSS_RANK": "1", "CROSS_SIZE": "2", "MASTER_ADDR": "n0", "MASTER_PORT": "29511"}
+    # the step's task count, not the job's (srun -n 2 inside a 4-task allocation)
+    assert srun_rank_env(environ={**task, "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1"})["WORLD_SIZE"] == "2"
+    assert srun_rank_env(environ={**task, "SLURM_STEP_TASKS_PER_NODE": "3,1", "SLURM_NODEID": "1"})["LOCAL_SIZE"] == "1"
+    # what the user (or srun --export) set is kept, except a MASTER_* that dstk launch chose: srun's
+    # --export=ALL hands every rank the launching shell's MASTER_PORT, most likely a stale one
+    mine = srun_rank_env(environ={**task, "MASTER_PORT": "1234", "LOCAL_RANK": "0"})
+    assert "LOCAL_RANK" not in mine and (mine["MASTER_ADDR"], mine["MASTER_PORT"]) == ("n0", "29511")
+    no_choice = {k: v for k, v in task.items() if not k.startswith("DSTK_MASTER")}
+    assert "MASTER_PORT" not in srun_rank_env(environ={**no_choice, "MASTER_PORT": "1234"})
+    # launch.py (local/pdsh inside an allocation), torchrun: RANK is set, the wrapper changes nothing
+    assert srun_rank_env(environ={**task, "RANK": "0"}) == {}
+    assert srun_rank_env(environ={"RANK": "0", "WORLD_SIZE": "2"}) == {}
+    assert srun_rank_env(environ={}) == {}
+    # no dstk master (srun run by hand): the rest is still given; nothing is made up
+    bare = srun_rank_env(environ={"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "garbage"})
+    assert bare == {"RANK": "0", "WORLD_SIZE": "2"}
+
+
+def test_slurm_launcher_passes_the_master_to_the_ranks_in_the_runners_environment():
+    from dstk.launch.command import plan_launch
+
+    plan = plan_launch(_slurm_spec(launcher="slurm", master_addr="10.0.0.1", master_port=29511))
+    assert (plan.env["DSTK_MASTER_ADDR"], plan.env["DSTK_MASTER_PORT"]) == ("10.0.0.1", "29511")
+    assert plan_launch(_slurm_spec(launcher="slurm")).env["DSTK_MASTER_ADDR"] == "n0"  # the first host
+    # the other backends pass --master_addr/--master_port to launch.py, which sets the ranks' variables
+    assert not any(k.startswith("DSTK_MASTER") for k in plan_launch(_slurm_spec(launcher="pdsh")).env)

@@ -25,8 +25,15 @@ multi-node backends (``--launcher``); ``torchrun``: ``python -m torch.distribute
 MULTI_NODE_LAUNCHERS = ("pdsh", "openmpi", "mpich", "slurm")
 RANK_MODULE = "dstk.launch.rank"
 """The per-rank wrapper that prefixes output with the rank and reports how the rank ended."""
+RANK_EXEC_FLAG = "--exec"
+"""``RANK_MODULE --exec [-m] SCRIPT ...``: the wrapper only sets the torch.distributed variables of a rank srun
+started and ``exec``s the script (no prefix, no report): ``--launcher slurm --no-prefix``."""
 REPORT_TAG = "DSTK_RANK_EXIT "
 """Starts the line on which the wrapper reports how its rank ended (JSON follows)."""
+SRUN_MASTER_VARS = (("MASTER_ADDR", "DSTK_MASTER_ADDR"), ("MASTER_PORT", "DSTK_MASTER_PORT"))
+"""(torch's variable, the variable dstk passes it in) for ``--launcher slurm``: the runner's srun backend
+drops ``--master_addr``/``--master_port``, so dstk puts them in the runner's environment, srun
+(``--export=ALL``) hands them to every rank, and ``dstk.launch.rank`` sets torch's variables from them."""
 
 
 class ShellVar(str):
@@ -349,6 +356,9 @@ def plan_launch(spec: LaunchSpec) -> LaunchPlan:
                     # srun reaches the nodes through slurmd; the runner's ssh check of the first host
                     # (runner.py: `ssh HOST hostname`) fails where a cluster allows no ssh to its nodes
                     cmd.append("--no_ssh_check")
+                    # SlurmRunner.get_cmd passes no master address/port to srun: the ranks read them here
+                    extra_env.update({ours: value for (_, ours), value in zip(
+                        SRUN_MASTER_VARS, (master, str(spec.master_port)))})
                 if env:
                     if spec.run_dir is None:
                         raise DstkError("--env with a multi-node launcher needs a run directory for .deepspeed_env")
@@ -358,6 +368,10 @@ def plan_launch(spec: LaunchSpec) -> LaunchPlan:
                     extra_env["DS_ENV_FILE"] = path
         script_part = _script_part(spec, torchrun=False)
         if spec.launcher == "slurm" and spec.hosts and spec.node_rank is None:
+            if not spec.prefix_output:
+                # srun's ranks still need the wrapper's RANK/WORLD_SIZE/MASTER_ADDR/... (dstk.launch.rank)
+                inner = ["-m", *script_part[1:]] if script_part[:1] == ["--module"] else script_part
+                script_part = ["--module", RANK_MODULE, RANK_EXEC_FLAG, *inner]
             script_part = _srun_script_part(script_part)
         if spec.launcher == "pdsh" and spec.hosts and spec.node_rank is None:
             check_pdsh_words([spec.python, *script_part])

@@ -1,4 +1,4 @@
-"""Per-rank wrapper: ``python -m dstk.launch.rank [--local_rank=N] [-m] SCRIPT ARGS...``.
+"""Per-rank wrapper: ``python -m dstk.launch.rank [--exec] [--local_rank=N] [-m] SCRIPT ARGS...``.
 
 The runner starts this in place of the training script. It runs the script as a child with the
 same interpreter and arguments (``--local_rank=N`` moved after the script, where DeepSpeed puts
@@ -10,6 +10,9 @@ it), prefixes every line of its output with ``[rank R]``, and on exit prints one
 srun stream it back -- because the runner hides how a rank ended (it exits 0 when its child was
 killed by a signal). The wrapper then ends the way the script did: with its exit code, or by
 the same signal, so the runner behaves exactly as without it.
+
+Under ``--launcher slurm`` srun starts the wrapper with Slurm's task variables only: it gives the script
+the torch.distributed ones (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...; ``srun_rank_env``).
 """
 
 from __future__ import annotations
@@ -22,9 +25,56 @@ import subprocess
 import sys
 import threading
 
-from dstk.launch.command import REPORT_TAG
+from dstk.launch.command import RANK_EXEC_FLAG, REPORT_TAG, SRUN_MASTER_VARS
 
 _RANK_VARS = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
+def _tasks_per_node(value: str) -> list[int]:
+    """Slurm's compressed task counts (``SLURM_STEP_TASKS_PER_NODE``: ``2(x3),1``) -> [2, 2, 2, 1] (pure);
+    [] for anything else."""
+    counts: list[int] = []
+    for part in value.split(","):
+        num, sep, repeat = part.partition("(x")
+        if not num.isdigit() or (sep and not (repeat.endswith(")") and repeat[:-1].isdigit())):
+            return []
+        counts += [int(num)] * (int(repeat[:-1]) if sep else 1)
+    return counts
+
+
+def srun_rank_env(*, environ=os.environ) -> dict[str, str]:
+    """The torch.distributed variables for a rank that srun started, missing from ``environ`` (pure).
+
+    ``dstk launch --launcher slurm`` runs the runner's srun backend (``srun -n N --export=ALL,... PYTHON -u
+    -m dstk.launch.rank SCRIPT``; multinode_runner.py ``SlurmRunner.get_cmd``, DeepSpeed 0.19.8), which sets
+    no RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT, so ``deepspeed.init_distributed`` falls back to
+    MPI discovery (comm/comm.py ``required_env``) and fails without mpi4py. They come from srun's task
+    variables (srun(1) "OUTPUT ENVIRONMENT VARIABLES"): RANK = ``SLURM_PROCID``, WORLD_SIZE =
+    ``SLURM_STEP_NUM_TASKS`` (else ``SLURM_NTASKS``), LOCAL_RANK = ``SLURM_LOCALID``, LOCAL_SIZE = this node's
+    entry of ``SLURM_STEP_TASKS_PER_NODE``, CROSS_RANK = ``SLURM_NODEID``, CROSS_SIZE = ``SLURM_STEP_NUM_NODES``
+    (else ``SLURM_NNODES``): what launch.py sets for its ranks (launcher/launch.py ``current_env``); and
+    MASTER_ADDR/MASTER_PORT from what ``dstk launch`` chose (``SRUN_MASTER_VARS``). Only where srun started
+    the rank: with RANK set (launch.py, torchrun, or the user) or no ``SLURM_PROCID`` it is ``{}``, and a
+    variable already set is never replaced -- except MASTER_ADDR/MASTER_PORT when ``dstk launch`` chose them:
+    srun's ``--export=ALL`` hands every rank the launching shell's environment, where a MASTER_PORT is most
+    likely left over (an earlier in-process DeepSpeed run leaves its own; seen in the test suite), and dstk's
+    choice is the one ``--master-addr``/``--master-port`` set and the shm clean-up looks for, as under
+    launch.py, which always passes dstk's values."""
+    if "RANK" in environ or not environ.get("SLURM_PROCID", "").isdigit():
+        return {}
+    counts = _tasks_per_node(environ.get("SLURM_STEP_TASKS_PER_NODE", ""))
+    node = environ.get("SLURM_NODEID", "")
+    found = {
+        "RANK": environ["SLURM_PROCID"],
+        "WORLD_SIZE": environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS"),
+        "LOCAL_RANK": environ.get("SLURM_LOCALID"),
+        "LOCAL_SIZE": str(counts[int(node)]) if node.isdigit() and int(node) < len(counts) else None,
+        "CROSS_RANK": node or None,
+        "CROSS_SIZE": environ.get("SLURM_STEP_NUM_NODES") or environ.get("SLURM_NNODES"),
+        **{torch_var: environ.get(ours) for torch_var, ours in SRUN_MASTER_VARS},
+    }
+    chosen = {torch_var for torch_var, ours in SRUN_MASTER_VARS if environ.get(ours)}
+    return {k: v for k, v in found.items() if v and (k not in environ or k in chosen)}
 
 
 def rank_from_env(environ=os.environ) -> int | None:
@@ -58,9 +108,14 @@ def _pump(src, dst, prefix: bytes) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == [RANK_EXEC_FLAG]:
+        # only the variables, then the script in this process: srun sees its exit code and signals directly
+        child = child_argv(argv[1:])
+        os.execve(child[0], child, {**os.environ, **srun_rank_env()})
     rank = rank_from_env()
     prefix = f"[rank {rank if rank is not None else '?'}] ".encode()
-    proc = subprocess.Popen(child_argv(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(child_argv(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, **srun_rank_env()})
     stopped: list[int] = []
 
     def forward(signum, _frame):
