@@ -365,26 +365,33 @@ def measured_flush_sizes(phases: dict, *, zero: int) -> list[int]:
     return phases["sizes"]["backward"].get(name, [])
 
 
-def _flush_calls() -> None:
-    work = Path(tempfile.mkdtemp(prefix="dstk-flush-calls-"))
-    specs = flush_specs()
-    spec_path = work / "specs.json"
-    spec_path.write_text(json.dumps(specs))
+def count_on_ranks(specs: list[dict], *, timeout: float = 900) -> tuple[dict[str, list[dict]], float]:
+    """Run ``--count-worker`` over ``specs`` on 2 gloo ranks: ({spec name: its steps' counted calls}, wall
+    seconds). DeepSpeed's leaked shm buffers are removed after."""
     sys.path.insert(0, str(ROOT / "tests"))
     from dist import run_ranks
 
-    t0 = time.perf_counter()
-    results = run_ranks(__file__, "--count-worker", str(spec_path), env={"PYTHONPATH": str(ROOT)}, timeout=900)
-    wall = time.perf_counter() - t0
     from dstk.launch.shm import leaked_buffers, remove_leaked
 
+    with tempfile.TemporaryDirectory(prefix="dstk-count-") as tmp:
+        spec_path = Path(tmp) / "specs.json"
+        spec_path.write_text(json.dumps(specs))
+        t0 = time.perf_counter()
+        results = run_ranks(__file__, "--count-worker", str(spec_path), env={"PYTHONPATH": str(ROOT)},
+                            timeout=timeout)
+        wall = time.perf_counter() - t0
     remove_leaked(leaked_buffers())
-    shutil.rmtree(work, ignore_errors=True)
     measured = {}
     for line in results[0].output.splitlines():
         if line.startswith(TAG):
             r = json.loads(line[len(TAG):])
             measured[r["name"]] = r["steps"]
+    return measured, wall
+
+
+def _flush_calls() -> None:
+    specs = flush_specs()
+    measured, wall = count_on_ranks(specs)
     print(f"Gradient reductions per micro-batch on 2 gloo ranks (steps 1-3), {wall:.0f} s wall")
     print("sizes: whether every call's elements (in issue order) are the predicted flush's")
     print(f"{'config':<40} {'measured':>12} {'flushes':>8} {'sizes':>6} {'ceil(P/B)':>9}")
@@ -408,23 +415,8 @@ def _flush_calls() -> None:
 def _zero3_calls() -> None:
     work = Path(tempfile.mkdtemp(prefix="dstk-zero3-calls-"))
     specs = zero3_specs(work)
-    spec_path = work / "specs.json"
-    spec_path.write_text(json.dumps(specs))
-    sys.path.insert(0, str(ROOT / "tests"))
-    from dist import run_ranks
-
-    t0 = time.perf_counter()
-    results = run_ranks(__file__, "--count-worker", str(spec_path), env={"PYTHONPATH": str(ROOT)}, timeout=900)
-    wall = time.perf_counter() - t0
-    from dstk.launch.shm import leaked_buffers, remove_leaked
-
-    remove_leaked(leaked_buffers())
+    measured, wall = count_on_ranks(specs)
     shutil.rmtree(work, ignore_errors=True)
-    measured = {}
-    for line in results[0].output.splitlines():
-        if line.startswith(TAG):
-            r = json.loads(line[len(TAG):])
-            measured[r["name"]] = r["steps"]
     print(f"ZeRO-3 collectives per step on 2 gloo ranks (one micro-batch per step), {wall:.0f} s wall")
     print("AG: all-gathers in forward / backward / after optimizer.step; RS reduce-scatters; AR all-reduces")
     print(f"{'config':<36} {'step':>4}  {'measured AG':>14} {'RS':>2} {'AR':>2}  "

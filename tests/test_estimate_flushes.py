@@ -7,9 +7,7 @@ on 2 gloo ranks (``benchmarks/zero_cpu_cost.py --flush-calls`` prints the whole 
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -156,8 +154,6 @@ def test_flush_counts_on_real_deepspeed():
     GPT-2 (biases after their matrices, tied head) issues 15 under ZeRO-2 and 14 under ZeRO-3: an
     MLP matrix over the bucket straddles the ranks' partition boundary, and ZeRO-2 all-reduces
     its two slices in two calls."""
-    from dist import run_ranks
-
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import zero_cpu_cost as bench
 
@@ -166,16 +162,7 @@ def test_flush_counts_on_real_deepspeed():
     specs = [s for s in specs if s["config"]["zero_optimization"]["stage"] > 1
              or s["config"]["zero_optimization"].get("overlap_comm")]
     assert len(specs) == 9
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "specs.json"
-        path.write_text(json.dumps(specs))
-        ranks = run_ranks(ROOT / "benchmarks" / "zero_cpu_cost.py", "--count-worker", str(path),
-                          env={"PYTHONPATH": str(ROOT)}, timeout=300)
-    measured = {}
-    for line in ranks[0].output.splitlines():
-        if line.startswith(bench.TAG):
-            r = json.loads(line[len(bench.TAG):])
-            measured[r["name"]] = r["steps"]
+    measured, _ = bench.count_on_ranks(specs, timeout=300)
     assert len(measured) == len(specs)
     for spec in specs:
         zero = spec["config"]["zero_optimization"]["stage"]

@@ -10,7 +10,6 @@ limits and the persistence threshold (``steptime.zero3_gathers``; ``benchmarks/z
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -198,8 +197,6 @@ def test_zero3_gathers_on_real_deepspeed():
     both under full recompute: the short reuse distance and live cap (released and gathered again
     in backward and in the recompute forward), and the larger shape with every module over the
     bucket and a reuse distance of 0 (what stays gathered is what the prefetcher looked past)."""
-    from dist import run_ranks
-
     import sys
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import zero_cpu_cost as bench
@@ -216,17 +213,7 @@ def test_zero3_gathers_on_real_deepspeed():
         specs.append({"name": f"{shape} {settings} {recompute}", "config": {**base, "zero_optimization": zero},
                       "hf_config": TINY_HF if shape == "tiny" else LARGER_HF, "seq_len": 32,
                       "recompute": recompute == "full"})
-    import tempfile
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "specs.json"
-        path.write_text(json.dumps(specs))
-        ranks = run_ranks(ROOT / "benchmarks" / "zero_cpu_cost.py", "--count-worker", str(path),
-                          env={"PYTHONPATH": str(ROOT)}, timeout=300)
-    measured = {}
-    for line in ranks[0].output.splitlines():
-        if line.startswith(bench.TAG):
-            r = json.loads(line[len(bench.TAG):])
-            measured[r["name"]] = r["steps"]
+    measured, _ = bench.count_on_ranks(specs, timeout=300)
     assert len(measured) == 2
     for spec in specs:
         steps = measured[spec["name"]]
