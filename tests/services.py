@@ -412,14 +412,20 @@ def sshd_fixture(*, scope: str = "module"):
     return sshd
 
 
+def generate_tiny_run(root: Path, *flags: str, repo: Path, timeout_seconds: float = 120) -> Path:
+    """The README's tiny example (``examples/intents/tiny-llama-cpu.yaml``) generated under ``root/run``
+    with ``flags`` added (none: 1 node, 2 CPU ranks)."""
+    done = subprocess.run([sys.executable, "-m", "dstk", "generate", str(repo / "examples" / "intents" / "tiny-llama-cpu.yaml"),
+                           *flags, "--output", str(root / "run")], capture_output=True, text=True, timeout=timeout_seconds)
+    if done.returncode != 0:
+        raise AssertionError(done.stderr)
+    return root / "run"
+
+
 def generate_two_node_run(root: Path, *, repo: Path, timeout_seconds: float = 120) -> tuple[Path, Path]:
     """The tiny example generated for 2 nodes x 1 rank under ``root/run``, and ``root/hostfile`` naming this
     machine twice (``localhost`` and ``127.0.0.1``: two "nodes" that pdsh reaches over the test sshd)."""
-    done = subprocess.run([sys.executable, "-m", "dstk", "generate", str(repo / "examples" / "intents" / "tiny-llama-cpu.yaml"),
-                           "--nodes", "2", "--gpus-per-node", "1", "--output", str(root / "run")],
-                          capture_output=True, text=True, timeout=timeout_seconds)
-    if done.returncode != 0:
-        raise AssertionError(done.stderr)
+    generate_tiny_run(root, "--nodes", "2", "--gpus-per-node", "1", repo=repo, timeout_seconds=timeout_seconds)
     hostfile = root / "hostfile"
     hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
     return root / "run", hostfile

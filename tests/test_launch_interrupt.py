@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.services import generate_two_node_run, sshd_fixture
+from tests.services import generate_tiny_run, generate_two_node_run, sshd_fixture
 
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT_SECONDS = 420  # a fresh machine builds DeepSpeed's ops on the first start (about 2 minutes)
@@ -82,11 +82,7 @@ def two_node_run(tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def local_run(tmp_path_factory) -> Path:
     """The tiny example, generated (1 node, 2 CPU ranks)."""
-    path = tmp_path_factory.mktemp("interrupt-local") / "run"
-    done = subprocess.run([sys.executable, "-m", "dstk", "generate", str(REPO / "examples" / "intents" / "tiny-llama-cpu.yaml"),
-                           "--output", str(path)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return path
+    return generate_tiny_run(tmp_path_factory.mktemp("interrupt-local"), repo=REPO)
 
 
 def _cmdlines() -> dict[int, str]:

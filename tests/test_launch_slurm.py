@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from dstk.launch.command import REPORT_TAG
-from tests.services import Unavailable, start_slurm
+from tests.services import Unavailable, generate_tiny_run, start_slurm
 
 REPO = Path(__file__).resolve().parent.parent
 CRASH = Path(__file__).parent / "data" / "launch" / "scripts" / "crash.py"
@@ -41,11 +41,7 @@ def slurm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     """The README's tiny example, generated (1 node, 2 CPU ranks)."""
-    path = tmp_path_factory.mktemp("gen") / "run"
-    done = subprocess.run([sys.executable, "-m", "dstk", "generate", str(REPO / "examples" / "intents" / "tiny-llama-cpu.yaml"),
-                           "--output", str(path)], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return path
+    return generate_tiny_run(tmp_path_factory.mktemp("gen"), repo=REPO)
 
 
 def submit(slurm, run_dir: Path, tmp_path: Path, *script: str, name: str,
