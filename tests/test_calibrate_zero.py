@@ -113,3 +113,41 @@ def test_the_profile_writes_the_measured_figures_and_the_planner_reads_them(tmp_
     moved = measured["time"]["step_seconds"] - without["time"]["step_seconds"]
     micro_batches = measured["layout"]["grad_accum"]
     assert moved == pytest.approx(21 * micro_batches * 1.5e-3, rel=1e-3)
+
+
+def test_a_figure_below_1e_4_is_written_so_that_yaml_reads_a_number(tmp_path):
+    # json.dumps(2e-05) is "2e-05", a string to PyYAML (YAML 1.1): a calibration that measured ZeRO-1's
+    # host work at 20 us per tensor wrote a profile that `plan --hardware` then refused (seen in CI).
+    from dstk.hardware import load_catalog
+
+    gpu = _profile_gpu()
+    m = dataclasses.replace(_measured(), zero_steps=_steps(gpu, zero1=2e-5, zero3=3e-5), zero_wall_seconds=1.0)
+    profile = cal.build_profile(base=get_gpu("cpu"), measured=m)
+    assert profile.gpu.zero_tensor_seconds == pytest.approx(2e-5, rel=1e-3)
+    path = tmp_path / "hw.yaml"
+    cal.write_profile(str(path), cal.render_yaml(profile, header=(cal.HEADER,)))
+    text = path.read_text()
+    assert "zero_tensor_seconds: 2.0e-05" in text and "zero3_tensor_seconds: 3.0e-05" in text
+    read = load_catalog(path)[0][profile.slug]
+    assert read.zero_tensor_seconds == profile.gpu.zero_tensor_seconds
+    assert read.zero3_tensor_seconds == profile.gpu.zero3_tensor_seconds
+
+
+@pytest.mark.parametrize("text", ["2e-05", "2E-5", "+2e-05", ".2e-4", "2.e-5"])
+def test_a_hand_written_exponent_number_is_a_number(tmp_path, text):
+    # What YAML 1.2 and JSON read as a number is one here too, whichever way the user wrote it.
+    from dstk.hardware import load_catalog
+
+    path = tmp_path / "hw.yaml"
+    path.write_text(f"gpus:\n  cpu:\n    zero_tensor_seconds: {text}\n")
+    assert load_catalog(path)[0]["cpu"].zero_tensor_seconds == pytest.approx(2e-5)
+
+
+def test_a_word_is_still_not_a_number(tmp_path):
+    from dstk.errors import DstkError
+    from dstk.hardware import load_catalog
+
+    path = tmp_path / "hw.yaml"
+    path.write_text("gpus:\n  cpu:\n    zero_tensor_seconds: 2e-05s\n")
+    with pytest.raises(DstkError, match="expected a number, got '2e-05s'"):
+        load_catalog(path)

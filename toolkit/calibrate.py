@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from typing import Literal
 
 from dstk.hardware import GB, TFLOP, GPU
@@ -524,6 +525,16 @@ def build_profile(*, base: GPU, measured: Measurements, name: str | None = None)
                    measurements=measured)
 
 
+_JSON_EXPONENT = re.compile(r"(?<![\w.])(-?\d+)([eE][-+]?\d+)")
+
+
+def yaml_number_text(value) -> str:
+    """``value`` (a number, or lists of them) as JSON text that PyYAML reads back as the same numbers
+    (pure). PyYAML follows YAML 1.1, where a float needs a dot: ``2e-05`` (what ``json.dumps`` writes
+    for 0.00002) is read as the *string* "2e-05", so the mantissa gets one (``2.0e-05``)."""
+    return _JSON_EXPONENT.sub(r"\1.0\2", json.dumps(value))
+
+
 def render_yaml(profile: Profile, *, header: tuple[str, ...] = ()) -> str:
     """The profile as a ``--hardware FILE``: the measured fields, each after a comment saying how
     it was measured, and a list of the fields kept from the catalog (``base:``). Values are JSON
@@ -536,7 +547,7 @@ def render_yaml(profile: Profile, *, header: tuple[str, ...] = ()) -> str:
     for f in profile.figures:
         if f.source == "measured":
             lines.append(f"    # {f.note}")
-            lines.append(f"    {f.key}: {json.dumps(f.value)}")
+            lines.append(f"    {f.key}: {yaml_number_text(f.value)}")
     m = profile.measurements
     if m is not None:
         if m.allreduce:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import Any
 
 GiB = 2**30
@@ -357,6 +358,10 @@ _GPU_UNITS = {"memory_gib": ("memory_bytes", GiB), "overhead_gib": ("overhead_by
 _NET_UNITS = {"node_gbps": ("node_bytes_per_s", GB)}
 
 
+_EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+"""A number in exponent form: JSON and YAML 1.2 read ``2e-05`` as one, PyYAML (YAML 1.1) as a string."""
+
+
 def _entry(cls, slug: str, fields: dict, units: dict, base, *, key: str, location: str):
     """One catalog entry from a hardware file's ``fields`` (over ``base``'s, if it extends one).
     Errors say ``key`` (``gpus.SLUG``) and the field, at ``location`` (the file and line)."""
@@ -373,6 +378,8 @@ def _entry(cls, slug: str, fields: dict, units: dict, base, *, key: str, locatio
                             location=location)
         current = values.get(name, defaults.get(name))
         numeric = name in units or (isinstance(current, (int, float)) and not isinstance(current, bool))
+        if numeric and isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.2's 2e-05, a string to PyYAML (YAML 1.1 wants 2.0e-05)
         if numeric and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             # checked before any arithmetic: "abc" * GiB would build a 3 GB string
             raise DstkError(f"{key}.{name}: expected a number, got {value!r}", location=location)
