@@ -9,7 +9,9 @@ it), prefixes every line of its output with ``[rank R]``, and on exit prints one
 ``run_launch`` reads these lines from the runner's output -- across nodes too, since pdsh and
 srun stream it back -- because the runner hides how a rank ended (it exits 0 when its child was
 killed by a signal). The wrapper then ends the way the script did: with its exit code, or by
-the same signal, so the runner behaves exactly as without it.
+the same signal, so the runner behaves exactly as without it. One exception: a script that died of an
+uncaught exception and then aborted in gloo's teardown at interpreter exit ends with exit code 1, as
+Python's does for an uncaught exception (``UncaughtThenAbort``), so the launcher names the exception.
 
 Under ``--launcher slurm`` srun starts the wrapper with Slurm's task variables only: it gives the script
 the torch.distributed ones (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, ...; ``srun_rank_env``).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -99,8 +102,66 @@ def child_argv(argv: list[str], python: str = sys.executable) -> list[str]:
     return [python, "-u", *module, argv[0], *local_rank, *argv[1:]]
 
 
-def _pump(src, dst, prefix: bytes) -> None:
+_TORCH_RANK_PREFIX = re.compile(rb"^\[rank\d+\]: ?")
+"""What torch.distributed's excepthook puts before each line of an uncaught exception's traceback."""
+_TRACEBACK_HEAD = b"Traceback (most recent call last):"
+_CHAINED = (b"During handling of the above exception", b"The above exception was the direct cause")
+_TERMINATE = b"terminate called without an active exception"
+TEARDOWN_ABORT_LINE = (b"dstk: the interpreter then aborted at exit (std::terminate in a gloo thread's teardown, "
+                       b"not the cause: the uncaught exception above is); exit code 1, as Python's for an uncaught "
+                       b"exception\n")
+"""Written in place of the ``terminate called`` line that follows an uncaught exception's traceback."""
+
+
+class UncaughtThenAbort:
+    """Watches a rank's output for gloo's abort at interpreter exit right after an uncaught exception.
+
+    A script that dies of an uncaught exception on CPU ranks finalizes the interpreter with gloo's
+    threads alive, and then meets the race ``exit_rank`` avoids on a clean exit: ``terminate called
+    without an active exception`` and SIGABRT. The rank's failure is the exception; reported as
+    SIGABRT, the launcher would blame native code. So: the last line of a traceback on stderr,
+    followed by that ``terminate`` line within ``MAX_LINES_AFTER`` stderr lines and no stdout line,
+    is an uncaught exception, and the rank exits 1 as Python does for one. A traceback that logging
+    printed (the script went on) is followed by more output and does not count."""
+
+    MAX_LINES_AFTER = 20
+
+    def __init__(self):
+        self.in_traceback = False
+        self.exception: bytes | None = None
+        """The last traceback's exception line, while nothing but a few stderr lines followed it."""
+        self.lines_after = 0
+        self.aborted = False
+        """True once the ``terminate`` line came right after an uncaught exception."""
+
+    def stderr_line(self, line: bytes) -> bool:
+        """Note one stderr line; True when it is the teardown abort after an uncaught exception."""
+        body = _TORCH_RANK_PREFIX.sub(b"", line.rstrip(b"\r\n"), count=1)
+        if body.startswith(_TRACEBACK_HEAD):
+            self.in_traceback, self.exception = True, None
+            return False
+        if self.in_traceback:
+            if body and not body[:1].isspace() and not body.startswith(_CHAINED):
+                self.in_traceback, self.exception, self.lines_after = False, body, 0
+            return False
+        if self.exception is not None:
+            if body.strip() == _TERMINATE:
+                self.aborted = True
+                return True
+            self.lines_after += 1
+            if self.lines_after > self.MAX_LINES_AFTER:
+                self.exception = None
+        return False
+
+    def stdout_line(self, _line: bytes) -> None:
+        """The script printed after the traceback: it was not its end."""
+        self.exception = None
+
+
+def _pump(src, dst, prefix: bytes, watch=None) -> None:
     for line in iter(src.readline, b""):
+        if watch is not None and watch(line):
+            line = TEARDOWN_ABORT_LINE
         dst.write(prefix + line if line.endswith(b"\n") else prefix + line + b"\n")
         dst.flush()
     src.close()
@@ -125,13 +186,18 @@ def main(argv: list[str] | None = None) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, forward)
-    pumps = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, prefix), daemon=True),
-             threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, prefix), daemon=True)]
+    teardown = UncaughtThenAbort()
+    pumps = [threading.Thread(target=_pump, args=(proc.stdout, sys.stdout.buffer, prefix, teardown.stdout_line),
+                              daemon=True),
+             threading.Thread(target=_pump, args=(proc.stderr, sys.stderr.buffer, prefix, teardown.stderr_line),
+                              daemon=True)]
     for t in pumps:
         t.start()
     returncode = proc.wait()
     for t in pumps:
         t.join(timeout=5)
+    if returncode == -signal.SIGABRT and teardown.aborted:
+        returncode = 1  # the uncaught exception was the end (``UncaughtThenAbort``)
     report = {"rank": rank, "returncode": returncode, "host": socket.gethostname(), "stopped": bool(stopped)}
     sys.stdout.write(REPORT_TAG + json.dumps(report) + "\n")
     sys.stdout.flush()
