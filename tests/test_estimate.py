@@ -310,12 +310,16 @@ def test_published_runs_benchmark():
     zero3 = [r for r in narayanan if r.label.startswith("ZeRO-3")]
     ptdp = [r for r in narayanan if r.label.startswith("PTD-P")]
     assert bench.summary(zero3)[0] <= 0.05 and bench.summary(zero3)[1] <= 0.10
-    # With the schedules the authors ran (3 and 4 virtual stages), the 2021 PTD-P runs sustained
-    # ~6.6% less per micro-batch than the 2022 runs of the same 530B layout, and paid a larger
-    # fixed cost per iteration: dstk is too fast on all of them, more so with more DP replicas.
-    assert all(0 < r.error <= 0.10 for r in ptdp)  # 0.15 before GEMM wave quantization
-    by_model = {m: [r.error for r in ptdp if f" {m} " in r.label] for m in ("175B", "530B")}
+    # PTD-P read as 1F1B runs (the table's scaling with DP is 1F1B's bubble; the benchmark's comment):
+    # within 5% each, and closer than the interleaved reading, whose error grows with the DP degree
+    assert all(abs(r.error) <= 0.05 for r in ptdp) and bench.summary(ptdp)[0] <= 0.04
+    interleaved = bench.narayanan_interleaved_rows()
+    assert [r.label for r in interleaved] == [r.label for r in ptdp]
+    assert bench.summary(interleaved)[1] > 0.08 > bench.summary(ptdp)[1]
+    by_model = {m: [r.error for r in interleaved if f" {m} " in r.label] for m in ("175B", "530B")}
     assert all(errors == sorted(errors) for errors in by_model.values())
+    mean, worst = bench.summary(narayanan)
+    assert mean <= 0.05 and worst <= 0.10  # the worst row is ZeRO-3 530B on 1120 GPUs (docs/estimate.md)
 
 
 # --- the phase-aware peak (memory.phase_peaks) --------------------------------------------------
