@@ -66,6 +66,22 @@ def test_stage_tensors_count_what_transformers_builds(changes):
     assert st.stage_tensors(facts, layers=1, first=False, last=False) == 9
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_stage_tensors_count_a_layernorm_models_final_norm_and_bias(tied):
+    """GPT-2's final LayerNorm has a weight and a bias: two tensors for the hooks (the count once took
+    the final norm as one tensor, and missed the last stage's own copy of a tied head)."""
+    torch = pytest.importorskip("torch")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    hf = {"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 128, "n_positions": 64, "tie_word_embeddings": tied}
+    with torch.device("meta"):
+        real = GPT2LMHeadModel(GPT2Config(**hf))
+    facts = _model_facts(family_module("gpt2").read({"model_type": "gpt2", **hf}, name="tiny-gpt2"))
+    assert st.stage_tensors(facts, layers=2, first=True, last=True) == len(list(real.parameters()))
+    # a pipeline's last stage: the layers, ln_f's two tensors, and a head (its own copy when tied)
+    assert st.stage_tensors(facts, layers=1, first=False, last=True, pp=2) == 12 + 2 + 1
+
+
 def test_hardware_file_sets_the_figures(tmp_path):
     path = tmp_path / "hw.yaml"
     path.write_text("gpus:\n  cpu: {zero_tensor_seconds: 2.0e-4, zero3_tensor_seconds: 1.0e-3}\n")

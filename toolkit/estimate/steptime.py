@@ -889,10 +889,13 @@ def modules_per_layer(facts) -> int:
     return max(1, sum(1 for t in facts.layer_persistent if t > 8 * facts.hidden))
 
 
-def stage_tensors(facts, *, layers: int, first: bool, last: bool) -> int:
-    """Parameter tensors of one pipeline stage: ``layers`` x a layer's tensors (9, a Llama layer's,
-    when only a parameter count is known), the embedding's on the first stage, the final norm and
-    an untied head on the last (AutoTP shards tensors but keeps their number)."""
+def stage_tensors(facts, *, layers: int, first: bool, last: bool, pp: int = 1) -> int:
+    """Parameter tensors of one pipeline stage: those of ``stage_grad_tensors`` (AutoTP shards
+    tensors but keeps their number); when only a parameter count is known, ``layers`` x 9 (a Llama
+    layer's), the embedding on the first stage, the final norm and an untied head on the last."""
+    tensors = stage_grad_tensors(facts, layers=layers, first=first, last=last, pp=pp)
+    if tensors is not None:
+        return len(tensors)
     n = layers * (len(facts.layer_persistent) or 9)
     if first:
         n += len(facts.embed_tensors) or (1 if facts.embed else 0)
@@ -1254,7 +1257,7 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
     # ZeRO's hooks and copies (``zero_overhead_seconds``), at dp = 1 too; Megatron's optimizer has none.
     zero_hooks = 0.0 if megatron else zero_overhead_seconds(
         zero_stage=layout.zero_stage, num_micro_batches=m, gpu=gpu,
-        num_tensors=stage_tensors(f, layers=counts[worst], first=worst == 0, last=worst == pp - 1))
+        num_tensors=stage_tensors(f, layers=counts[worst], first=worst == 0, last=worst == pp - 1, pp=pp))
     compute = m * stage_mb + optimizer_seconds + gpu.step_overhead_seconds + zero_hooks
     bubble = bubble_frac * m * stage_mb
     comm = exposed_dp + exposed_zero3 + offload_seconds
