@@ -90,8 +90,10 @@ def test_a_logged_traceback_the_script_went_on_from_stays_sigabrt(tmp_path):
             1 / 0
         except ZeroDivisionError:
             logging.exception("skipped a bad batch")
-        time.sleep(0.5)  # training goes on (the two pipes' pumps order lines only between, not within, moments)
-        print("step 2 done", flush=True)
+        time.sleep(0.5)  # training goes on, and logs (stdout and stderr are read by two threads: only the
+        print("step 2 done", flush=True)  # stderr lines are in a sure order, so they decide here)
+        for step in range(3, 30):
+            logging.warning("step %d: loss scale unchanged", step)
     """)
     assert proc.returncode == -signal.SIGABRT and report["returncode"] == -signal.SIGABRT
 

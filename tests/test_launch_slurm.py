@@ -221,6 +221,9 @@ def test_runner_srun_ends_the_step_when_a_rank_fails(slurm, run_dir, tmp_path, l
     if prefix:
         assert f"dstk: rank 1 on {socket.gethostname()} exited with code 3\n" in out, out[-3000:]
         assert done.returncode == 3, out[-3000:]
+    elif not launcher_args:  # srun's own lines name the rank (srun_task_exits): its exit code, not srun's 143
+        assert f"dstk: rank 1 on {slurm.node} exited with code 3\n" in out, out[-3000:]
+        assert done.returncode == 3, out[-3000:]
     if launcher_args:
         assert took >= WAIT_SECONDS and "rank 0 waited it out" in out, out[-3000:]
     else:
@@ -411,3 +414,27 @@ def test_slurm_launcher_passes_the_master_to_the_ranks_in_the_runners_environmen
     assert plan_launch(_slurm_spec(launcher="slurm")).env["DSTK_MASTER_ADDR"] == "n0"  # the first host
     # the other backends pass --master_addr/--master_port to launch.py, which sets the ranks' variables
     assert not any(k.startswith("DSTK_MASTER") for k in plan_launch(_slurm_spec(launcher="pdsh")).env)
+
+
+def test_srun_task_exits_name_the_first_failure_and_the_tasks_srun_stopped():
+    # srun 22.05's lines, as seen when rank 1 exited 3 under --kill-on-bad-exit=1 (--no-prefix)
+    from dstk.launch.run import RankExit, judge
+    from dstk.launch.slurm import srun_task_exits
+
+    lines = ["ready 1\n", "rank 1 gives up\n",
+             "srun: error: vm: task 1: Exited with exit code 3\n",
+             "srun: launch/slurm: _step_signal: Terminating StepId=1.0\n",
+             "slurmstepd-vm: error: *** STEP 1.0 ON vm CANCELLED AT 2026-12-03T17:23:19 ***\n",
+             "srun: error: vm: task 0: Terminated\n", "srun: Force Terminated StepId=1.0\n"]
+    exits = srun_task_exits(lines)
+    assert exits == [RankExit(rank=1, returncode=3, host="vm"), RankExit(rank=0, returncode=-15, host="vm", stopped=True)]
+    result = judge(runner_returncode=143, ranks=exits, world_size=2, expect_reports=True)
+    assert result.returncode == 3 and result.messages[0] == "rank 1 on vm exited with code 3"
+    # task lists, signals with a core dump, and lines that only look like srun's
+    assert srun_task_exits(["srun: error: n1: tasks 0,2-3: Killed\n"]) == [
+        RankExit(rank=r, returncode=-9, host="n1") for r in (0, 2, 3)]
+    assert srun_task_exits(["srun: error: n1: task 4: Segmentation fault (core dumped)\n"]) == [
+        RankExit(rank=4, returncode=-11, host="n1")]
+    assert srun_task_exits(["[rank 1] srun: error: vm: task 1: Exited with exit code 3\n",
+                            "srun: error: vm: task x: Exited with exit code 3\n",
+                            "srun: error: vm: task 1: Something else\n"]) == []

@@ -33,14 +33,14 @@ A runner still running ``RUNNER_WAIT_SECONDS`` later (a node that cannot be reac
 process tree on this machine killed with SIGKILL -- never SIGINT/SIGTERM, which would run the
 runner's broad pkill.
 
-Ctrl-C and SIGTERM take the same path (``NodeWatch.interrupt``). A terminal sends Ctrl-C's SIGINT to its
+Ctrl-C, SIGTERM and SIGHUP take the same path (``NodeWatch.interrupt``). A terminal sends Ctrl-C's SIGINT to its
 whole foreground process group; the runner, pdsh and ssh would get it too, and the runner's handler
 (runner.py ``sigkill_handler``: SIGINT then SIGTERM to pdsh, then the pkill above) would kill other runs'
 launch.py. So ``dstk launch`` starts the runner in a session of its own (``start_new_session``: the
-terminal's SIGINT reaches dstk only; pdsh and ssh inherit the runner's session), catches SIGINT/SIGTERM
+terminal's SIGINT reaches dstk only; pdsh and ssh inherit the runner's session), catches SIGINT/SIGTERM/SIGHUP
 itself, runs the tagged stop on every host, and waits for the runner to end as after a failure; it never
 signals the runner, except SIGKILL to its tree when it outlives ``RUNNER_WAIT_SECONDS``. It then exits
-128 + the signal (130, 143) with one line saying what it stopped.
+128 + the signal (130, 143, 129) with one line saying what it stopped.
 """
 
 from __future__ import annotations
@@ -322,7 +322,7 @@ class NodeWatch:
         self.stop_problem: str | None = None
         self.runner_killed = False
         self.interrupted: int | None = None
-        """The signal (SIGINT/SIGTERM) that stopped the launch (``interrupt``); no failure is looked for after it."""
+        """The signal (SIGINT/SIGTERM/SIGHUP) that stopped the launch (``interrupt``); no failure is looked for after it."""
         self._lines: collections.deque[str] = collections.deque(maxlen=2000)
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
@@ -346,7 +346,7 @@ class NodeWatch:
         self._thread.start()
 
     def interrupt(self, signum: int) -> None:
-        """Stop the run because dstk got ``signum`` (SIGINT/SIGTERM), in the calling thread: say so, run the
+        """Stop the run because dstk got ``signum`` (SIGINT/SIGTERM/SIGHUP), in the calling thread: say so, run the
         tagged stop on every host, wait for the runner to end (SIGKILL to its tree after
         ``runner_wait_seconds``). A failure's stop already under way is waited for instead of repeated.
         The runner gets no SIGINT/SIGTERM from here: its handler would run the broad pkill."""

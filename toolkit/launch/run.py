@@ -5,9 +5,10 @@ The runner's exit code is not enough: it exits 0 when its child was killed by a 
 (``dstk.launch.rank``) prints a report line when its rank ends; a launch succeeds only when the
 runner exited 0 *and* every rank reported exit code 0.
 
-A multi-node pdsh launch runs its runner in a session of its own and handles SIGINT/SIGTERM itself
+A multi-node pdsh launch runs its runner in a session of its own and handles SIGINT/SIGTERM/SIGHUP itself
 (``_StopOnSignals``, ``dstk.launch.nodefail.NodeWatch.interrupt``): it stops only this run's processes,
-by their tag, and exits 128 + the signal.
+by their tag, and exits 128 + the signal. A launch whose launch.py (or torchrun) runs on this machine
+handles SIGTERM and SIGHUP the same way (``_LocalStop``); its Ctrl-C reaches the runner's whole group.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class LaunchResult:
     tail: tuple[str, ...] = ()
     """The last lines the ranks printed (for ``dstk.launch.diagnose``)."""
     interrupted_by: int | None = None
-    """The signal (SIGINT/SIGTERM) that made dstk stop the launch; ``returncode`` is then 128 + it."""
+    """The signal that made dstk stop the launch (pdsh: SIGINT/SIGTERM/SIGHUP; one node: SIGTERM/SIGHUP);
+    ``returncode`` is then 128 + it."""
 
 
 # pdsh prints every remote line as "HOST: line"; the host is a DNS
@@ -139,8 +141,13 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
 
 def _default_sink(stream: str, line: str) -> None:
     out = sys.stdout if stream == "stdout" else sys.stderr
-    out.write(line)
-    out.flush()
+    try:
+        out.write(line)
+        out.flush()
+    except OSError:
+        # EIO once the terminal hung up (SIGHUP), EPIPE once a pipe's reader ended: the line has nowhere to
+        # go, and raising would stop draining the ranks' pipes (they would block) or cut a stop short.
+        pass
 
 
 RANK_IDENTITY_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK")
@@ -157,11 +164,13 @@ def launcher_environ() -> dict[str, str]:
 
 def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
              sink: Callable[[str, str], None] = _default_sink, check_locks: bool = True,
-             watch=None) -> LaunchResult:
+             watch=None, local_stop: _LocalStop | None = None) -> LaunchResult:
     """Write the plan's files, run its command, stream output through ``sink(stream, line)``.
 
     ``watch``: a ``dstk.launch.nodefail.NodeWatch`` fed every output line, which stops every node's
-    ranks when one node fails (multi-node pdsh launches)."""
+    ranks when one node fails (multi-node pdsh launches). ``local_stop``: a ``_LocalStop`` for a plan whose
+    launch.py or torchrun runs on this machine (its tag in ``plan.env``), which stops the run's processes here
+    on SIGTERM/SIGHUP (and after a SIGINT, what the runner left)."""
     if check_locks:
         check_op_locks()
     for path, text in plan.files.items():
@@ -169,8 +178,11 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
     env = {**launcher_environ(), **plan.env, "PYTHONUNBUFFERED": "1"}
     # A watched (pdsh) launch: the runner gets a session of its own, so a terminal's Ctrl-C reaches dstk
     # only, and dstk stops the run itself (``_StopOnSignals``); the runner's own handler would run a pkill
-    # of every launch.py of this interpreter on every host (dstk.launch.nodefail).
-    stopper = _StopOnSignals() if watch is not None else None
+    # of every launch.py of this interpreter on every host (dstk.launch.nodefail). A local launch keeps the
+    # runner in dstk's group (Ctrl-C and Ctrl-Z reach every process, as without dstk) and handles SIGTERM and
+    # SIGHUP, which the runner's default action turns into an orphaned launch.py (``_LocalStop``).
+    stopper = (_StopOnSignals() if watch is not None
+               else _StopOnSignals(signals=_LocalStop.SIGNALS) if local_stop is not None else None)
     if stopper is not None:
         stopper.install()
     try:
@@ -209,13 +221,14 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
     threads = [threading.Thread(target=pump, args=(proc.stdout, "stdout"), daemon=True),
                threading.Thread(target=pump, args=(proc.stderr, "stderr"), daemon=True),
                threading.Thread(target=watch_builds, daemon=True)]
-    if watch is not None:
-        watch.start(proc)
+    for watcher in (watch, local_stop):
+        if watcher is not None:
+            watcher.start(proc)
     for t in threads:
         t.start()
     try:
         if stopper is not None:
-            stopper.wait(proc, watch=watch)
+            stopper.wait(proc, stop=watch if watch is not None else local_stop)
         else:
             proc.wait()
     except KeyboardInterrupt:
@@ -227,6 +240,10 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if local_stop is not None:
+            # the runner leaves 0.25 s after a SIGINT (Popen.wait), launch.py runs on where the SIGINT reached
+            # dstk alone (kill -INT): stop what is left of the run
+            local_stop.sweep()
         raise
     finally:
         done.set()
@@ -234,31 +251,38 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
             t.join(timeout=10)
     result = judge(runner_returncode=proc.returncode, ranks=reports, world_size=world_size,
                    expect_reports=expect_reports)
-    if watch is not None and watch.interrupted is not None:
-        # The ranks were stopped because the user asked: no rank failed, and nothing needs a cause.
-        result = dataclasses.replace(result, returncode=128 + watch.interrupted, messages=(),
-                                     interrupted_by=watch.interrupted)
+    for watcher in (watch, local_stop):
+        if watcher is not None and watcher.interrupted is not None:
+            # The ranks were stopped because the user asked: no rank failed, and nothing needs a cause.
+            result = dataclasses.replace(result, returncode=128 + watcher.interrupted, messages=(),
+                                         interrupted_by=watcher.interrupted)
     return dataclasses.replace(result, tail=tuple(tail))
 
 
 class _StopOnSignals:
-    """SIGINT and SIGTERM handlers for the wait on a watched (pdsh) launch. The handler only notes the first
-    signal; ``wait`` sees it within ``POLL_SECONDS`` and has ``watch.interrupt(signum)`` stop the run by its
-    tag. Later signals are ignored: the stop is under way, and another Ctrl-C must not cut it short and
-    leave ranks running. Signal handlers exist in the main thread only; elsewhere nothing changes."""
+    """Handlers for ``signals`` during the wait on a launch. The handler only notes the first signal; ``wait``
+    sees it within ``POLL_SECONDS`` (or once the runner ended, when the signal reached it too: ``timeout`` and
+    systemd signal the whole group) and has ``stop.interrupt(signum)`` stop the run. Later signals are ignored:
+    the stop is under way, and another Ctrl-C must not cut it short and leave ranks running. A SIGHUP that
+    was ignored when dstk started (``nohup``) stays ignored: the run's processes inherit that too, and the run
+    survives a closed terminal, as asked. Signal handlers exist in the main thread only; elsewhere nothing
+    changes."""
 
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    """A watched (pdsh) launch: its runner has a session of its own, so the terminal reaches dstk only."""
     POLL_SECONDS = 0.2
 
-    def __init__(self) -> None:
+    def __init__(self, *, signals: tuple[int, ...] = SIGNALS) -> None:
+        self.signals = signals
         self.signum: int | None = None
         self._previous: dict[int, object] = {}
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for signum in self.SIGNALS:
-            self._previous[signum] = signal.signal(signum, self._handler)
+        for signum in self.signals:
+            if signum != signal.SIGHUP or signal.getsignal(signum) is not signal.SIG_IGN:
+                self._previous[signum] = signal.signal(signum, self._handler)
 
     def restore(self) -> None:
         for signum, handler in self._previous.items():
@@ -269,18 +293,127 @@ class _StopOnSignals:
         if self.signum is None:
             self.signum = signum
 
-    def wait(self, proc: subprocess.Popen, *, watch) -> None:
+    def wait(self, proc: subprocess.Popen, *, stop) -> None:
         try:
             while self.signum is None:
                 try:
                     proc.wait(timeout=self.POLL_SECONDS)
-                    return
+                    break
                 except subprocess.TimeoutExpired:
                     pass
-            watch.interrupt(self.signum)
+            if self.signum is not None:
+                stop.interrupt(self.signum)
             proc.wait()
         finally:
             self.restore()
+
+
+class _LocalStop:
+    """Stops a launch whose launch.py (or torchrun) runs on this machine when dstk gets SIGTERM or SIGHUP.
+
+    Without it the signal ends dstk alone: the deepspeed runner, which dstk waits on, gets nothing; and where it
+    gets the signal too (a terminal's hangup, ``timeout``, systemd), it has no handler on a single-node launch
+    (runner.py ``main`` installs ``sigkill_handler`` only for a multi-node pdsh launch) and dies by it, while
+    launch.py and the ranks run on, reparented to init. launch.py itself stops its ranks on SIGINT/SIGTERM
+    (launch.py ``sigkill_handler``: ``terminate_process_tree``, SIGTERM to each rank's tree, SIGKILL to what
+    is left after 30 s) and dies by SIGHUP; torchrun's agent stops its workers on SIGTERM/SIGINT/SIGHUP/SIGQUIT
+    (torch/distributed/elastic/multiprocessing/api.py ``_terminate_process_handler``).
+
+    So ``interrupt`` says so in one line, then: torchrun gets the signal (it stops its workers itself); for the
+    deepspeed runner, this run's launch.py and ranks -- found by the run's tag, never by a name other runs share
+    (``dstk.launch.nodefail.stop_tagged``) -- get SIGTERM, and SIGKILL after ``grace_seconds``: launch.py's own
+    grace, so a rank that saves a checkpoint on SIGTERM has what DeepSpeed gives it. The runner is never
+    signalled: it exits once launch.py did. The stop runs again every ``RESTOP_SECONDS`` while the runner lives
+    (a signal before the runner started launch.py); a runner that outlives ``runner_wait_seconds`` has its tree
+    SIGKILLed; last, anything of the run still tagged is stopped (``sweep``)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+    GRACE_SECONDS = 30.0
+    """SIGTERM to SIGKILL for the run's processes: launch.py's ``psutil.wait_procs(children, timeout=30)``
+    (deepspeed/launcher/launch.py ``terminate_process_tree``, 0.19.8), and torchrun's ``_shutdown`` timeout."""
+
+    def __init__(self, *, tag: str, torchrun: bool = False, grace_seconds: float = GRACE_SECONDS,
+                 runner_wait_seconds: float | None = None, sink: Callable[[str, str], None] | None = None):
+        from dstk.launch.nodefail import RUNNER_WAIT_SECONDS
+
+        self.tag, self.torchrun, self.grace_seconds, self.sink = tag, torchrun, grace_seconds, sink
+        self.runner_wait_seconds = (grace_seconds + RUNNER_WAIT_SECONDS if runner_wait_seconds is None
+                                    else runner_wait_seconds)
+        self.interrupted: int | None = None
+        """The signal that stopped the launch (``interrupt``)."""
+        self.signalled: set[int] = set()
+        self.killed: set[int] = set()
+        """Of ``signalled``, the pids still alive after the grace: SIGKILLed."""
+        self.runner_killed = False
+        self._proc: subprocess.Popen | None = None
+
+    def start(self, proc: subprocess.Popen) -> None:
+        self._proc = proc
+
+    def interrupt(self, signum: int) -> None:
+        """Stop the run because dstk got ``signum``, in the calling thread; return once the runner ended."""
+        import time
+
+        from dstk.launch.nodefail import RESTOP_SECONDS, _signal_name, kill_tree
+
+        self.interrupted = signum
+        if self.sink is not None:
+            what = "torchrun and its ranks" if self.torchrun else "this run's launch.py and ranks"
+            self.sink("stderr", f"dstk: {_signal_name(signum)}: stopping {what} on this machine\n")
+        proc = self._proc
+        if self.torchrun and proc is not None and proc.poll() is None:
+            proc.send_signal(signum)
+        deadline = time.monotonic() + self.runner_wait_seconds
+        while proc is not None:
+            if not self.torchrun:
+                self._stop()
+            left = deadline - time.monotonic()
+            try:
+                proc.wait(timeout=max(0.0, min(RESTOP_SECONDS, left) if not self.torchrun else left))
+                break
+            except subprocess.TimeoutExpired:
+                if self.torchrun or left <= RESTOP_SECONDS:
+                    self.runner_killed = True
+                    kill_tree(proc.pid)
+                    proc.wait()
+                    break
+        self.sweep()
+
+    def sweep(self) -> None:
+        """Stop what is left of the run on this machine (a rank or launch.py that outlived its parent)."""
+        from dstk.launch.nodefail import tagged_pids
+
+        if tagged_pids(tag=self.tag):
+            self._stop()
+
+    def _stop(self) -> None:
+        from dstk.launch.nodefail import stop_tagged
+
+        report = stop_tagged(tag=self.tag, grace_seconds=self.grace_seconds)
+        self.signalled.update(report.terminated, report.killed)
+        self.killed.update(report.killed)
+
+    def messages(self) -> list[str]:
+        """After ``interrupt``: ``stopped by SIGTERM: stopped this run's processes on this machine: N processes``
+        (launch.py, each rank's wrapper and script, what they started), and what had to be killed."""
+        from dstk.launch.nodefail import _signal_name
+
+        if self.interrupted is None:
+            return []
+        n, k = len(self.signalled), len(self.killed)
+        line = f"stopped by {_signal_name(self.interrupted)}: "
+        if self.torchrun:
+            line += "torchrun stopped its ranks"
+        else:
+            line += f"stopped this run's processes on this machine ({n} process{'es' if n != 1 else ''}" + (
+                f", {k} after SIGTERM left {'them' if k > 1 else 'it'} running: SIGKILL)" if k else ")")
+        out = [line]
+        if self.torchrun and self.signalled:
+            out.append(f"{n} process{'es' if n != 1 else ''} of the run outlived torchrun: stopped them")
+        if self.runner_killed:
+            out.append(f"the {'torchrun' if self.torchrun else 'runner'} had not ended "
+                       f"{self.runner_wait_seconds:g} s after that: killed it")
+        return out
 
 
 def _op_builds(done: threading.Event, *, interval: float = 1.0):
@@ -354,8 +487,17 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
         plan = plan_launch(spec)
         watch = NodeWatch(hosts=plan.active, tag=spec.run_tag, python=spec.python, cwd=os.getcwd(),
                           env=launcher_environ(), sink=sink)
+    local_stop = None
+    if not spec.hosts or spec.node_rank is not None:
+        # launch.py (or torchrun) runs here, as the runner's child: SIGTERM/SIGHUP stop it by the run's tag
+        from dstk.launch.nodefail import new_run_tag
+
+        spec = dataclasses.replace(spec, run_tag=spec.run_tag or new_run_tag())
+        plan = plan_launch(spec)
+        local_stop = _LocalStop(tag=spec.run_tag, torchrun=spec.launcher == "torchrun", sink=sink)
     try:
-        result = run_plan(plan, world_size=expected, expect_reports=spec.prefix_output, sink=sink, watch=watch)
+        result = run_plan(plan, world_size=expected, expect_reports=spec.prefix_output, sink=sink, watch=watch,
+                          local_stop=local_stop)
     finally:
         from dstk.launch.shm import remove_run_buffers
 
@@ -366,6 +508,10 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
         lost = spec.gpus_per_node - len(result.ranks)
         result = dataclasses.replace(result, returncode=result.returncode or 1,
                                      messages=result.messages + (f"{lost} rank(s) of this node did not report how they ended",))
+    if local_stop is not None and result.interrupted_by is not None:
+        for message in local_stop.messages():
+            sink("stderr", f"dstk: {message}\n")
+        return result.returncode
     if watch is not None:
         watch.join(timeout=watch.grace_seconds + 90)
         for message in watch.messages():
@@ -378,6 +524,17 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
             # remote command ended by a signal).
             result = dataclasses.replace(result, returncode=_exit_code(watch.failure.returncode), messages=tuple(
                 m for m in result.messages if not m.startswith("the runner exited with code")))
+    if spec.launcher == "slurm" and not result.ranks and result.returncode != 0 and result.interrupted_by is None:
+        from dstk.launch.slurm import srun_task_exits
+
+        # No wrapper reports (--no-prefix): srun's "task N: Exited with exit code C" lines name the rank that
+        # failed first; srun's own code is its tasks' largest (143 for the ones it terminated afterwards).
+        exits = srun_task_exits(result.tail)
+        if exits:
+            judged = judge(runner_returncode=result.runner_returncode, ranks=exits, world_size=spec.world_size,
+                           expect_reports=False)
+            result = dataclasses.replace(result, returncode=judged.returncode, ranks=judged.ranks,
+                                         messages=judged.messages)
     for message in result.messages:
         sink("stderr", f"dstk: {message}\n")
     if result.returncode != 0:

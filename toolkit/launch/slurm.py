@@ -121,6 +121,57 @@ def render_sbatch(spec: LaunchSpec, *, sbatch_path: str, job_name: str = "dstk",
     return re.sub(r"@([A-Z_]+)@", lambda m: values[m.group(1)], text)
 
 
+_SRUN_TASKS_RE = re.compile(r"^srun: error: (?P<host>[^\s:]+): tasks? (?P<tasks>[0-9][0-9,-]*): (?P<what>.+?)\s*$")
+_SRUN_EXITED_RE = re.compile(r"Exited with exit code (\d+)")
+_SRUN_STOPS = ("_step_signal: Terminating StepId", "CANCELLED AT", "Force Terminated")
+"""srun's lines saying it is ending the step itself (--kill-on-bad-exit, scancel, the time limit)."""
+
+
+def _task_numbers(text: str) -> list[int] | None:
+    """srun's task list (``0``, ``0-1``, ``0,2-3``) -> [0, 2, 3] (pure); None when malformed."""
+    out: list[int] = []
+    for part in text.split(","):
+        first, sep, last = part.partition("-")
+        if not first.isdigit() or (sep and not last.isdigit()):
+            return None
+        out.extend(range(int(first), int(last if sep else first) + 1))
+    return out
+
+
+def srun_task_exits(lines) -> list:
+    """How srun says the step's tasks ended, from its output lines (pure), as ``RankExit``s in the order
+    srun printed them: ``srun: error: HOST: task 1: Exited with exit code 3``, ``... tasks 0-1:
+    Terminated`` (the signal's ``strsignal`` text, perhaps with `` (core dumped)``). A task that ended
+    after srun said it was ending the step (``_step_signal: Terminating StepId``, ``CANCELLED AT``)
+    is ``stopped``: it did not fail on its own. With ``--no-prefix`` no rank wrapper reports, and
+    srun's own exit code is the largest of its tasks' (143 for the tasks it terminated), so these
+    lines are what names the rank that failed first."""
+    from dstk.launch.run import RankExit
+
+    by_text = {}
+    for sig in signal.Signals:
+        text = signal.strsignal(sig)
+        if text:
+            by_text.setdefault(text, int(sig))
+    out, stopping = [], False
+    for line in lines:
+        line = line.rstrip("\n")
+        if any(mark in line for mark in _SRUN_STOPS):
+            stopping = True
+            continue
+        m = _SRUN_TASKS_RE.match(line)
+        if m is None:
+            continue
+        tasks = _task_numbers(m.group("tasks"))
+        what = m.group("what").removesuffix(" (core dumped)")
+        exited = _SRUN_EXITED_RE.fullmatch(what)
+        code = int(exited.group(1)) if exited else -by_text[what] if what in by_text else None
+        if tasks is None or code is None:
+            continue
+        out += [RankExit(rank=t, returncode=code, host=m.group("host"), stopped=stopping) for t in tasks]
+    return out
+
+
 def node_main(argv: list[str] | None = None) -> int:
     """``python -m dstk.launch.slurm --ranks N [--run-dir DIR] -- CMD...``: run one node's launcher
     command, stream its output, then judge this node's ranks as ``dstk launch --node-rank`` does: print
