@@ -198,6 +198,7 @@ def test_megatron_args_build_the_same_layer_as_the_hf_model(tmp_path, name):
         opts[flag] = value
     kwargs = {field: int(opts[flag]) for flag, field in _MEGATRON_VALUES.items() if flag in opts}
     kwargs.update({field: flag in opts for flag, field in _MEGATRON_SWITCHES.items()})
+    kwargs["gated_linear_unit"] |= "--quick-geglu" in opts  # Gemma's GeGLU (arguments.py: gated quick-GELU)
     config = TransformerConfig(**kwargs, add_bias_linear="--disable-bias-linear" not in opts,
                                normalization=opts["--normalization"], bf16=True, params_dtype=torch.bfloat16)
     spec = get_model(name)

@@ -955,7 +955,7 @@ def _read_megatron(r: _Reader, text: str) -> None:
         words = words[script + 1:]
     flags = _parse_flags(words)
     given = {k for k, _ in flags}
-    swiglu = "--swiglu" in given
+    swiglu = "--swiglu" in given or "--quick-geglu" in given  # gated MLPs: three matrices of width ffn
     ffn_seen = None
     for key, value in flags:
         if key in _MEGATRON_INTS:
@@ -975,9 +975,10 @@ def _read_megatron(r: _Reader, text: str) -> None:
                 r.set("ffn_hidden_size", max(1, round(2 * ffn_seen / 3)), key,
                       note=f"a GELU MLP of width {ffn_seen} has the parameters of a SwiGLU MLP of width 2/3 of it "
                            "(dstk's generic decoder is SwiGLU)")
-        elif key == "--swiglu":
+        elif key in ("--swiglu", "--quick-geglu"):
             r.lines.append(ImportLine(action="carried", key=key, value=True, where=r.where(key),
-                                      reason="dstk's generic decoder is SwiGLU"))
+                                      reason="dstk's generic decoder is SwiGLU" + (
+                                          ": a GeGLU has the same matrices" if key == "--quick-geglu" else "")))
         elif key in ("--bf16", "--fp16"):
             r.set("precision", key[2:], key, raw=value)
         elif key == "--min-lr":

@@ -555,6 +555,11 @@ def loss_reason(alt: Candidate, winner: Candidate, *, usable_bytes: int | None =
         return f"{head}; pp={layout.pp} with {layout.grad_accum} micro-batches: bubble {percent_text(bubble)}"
     if layout.offload_optimizer != "none" or layout.offload_params != "none":
         moved = by_kind.get("offload", 0.0)
+        cluster = getattr(alt.estimate, "cluster", None)
+        if getattr(getattr(cluster, "gpu", None), "is_cpu", False):  # a CPU rank's tensors are in host memory already
+            extra = f" ({moved:.3g} s of memory copies per step)" if moved else ""
+            return (f"{head}; a CPU rank has no PCIe link: its tensors and the offloaded states share host "
+                    f"memory, so offload only adds copies of gradients and parameters between them{extra}")
         extra = f" ({moved:.3g} s of PCIe traffic per step)" if moved else ""
         return f"{head}; offload runs the optimizer step on the {layout.offload_optimizer} side of PCIe{extra}"
     named = [("zero3_gather", "parameter gathers"), ("tp", f"TP all-reduces over {layout.tp} GPUs"),
@@ -1157,33 +1162,48 @@ def model_dims(facts: dict, spec: Any):
         vocab_size=facts["vocab_size"],
         max_position_embeddings=_spec_value(spec, "seq_len"),
         gated_mlp=bool(getattr(spec, "gated_mlp", True)),
+        activation=str(getattr(spec, "activation", None) or "silu"),
         norm=getattr(spec, "norm", "rmsnorm"),
         rotary=not learned_positions,
         tied_embeddings=bool(getattr(spec, "tied_embeddings", False)),
-        bias=family in ("gpt2", "opt", "bloom", "gpt_neox", "falcon", "phi"),
         **_megatron_traits(spec),
     )
 
 
 def _megatron_traits(spec: Any) -> dict:
     """The traits beyond the dimensions that make Megatron-LM build the same model as the HF one:
-    q/k/v-only biases and QK-norm (the family's ``SHAPE``), the head width, RoPE theta and the
+    the linear biases (``_linear_biases``), QK-norm (the family's ``SHAPE``), the head width, RoPE theta and the
     experts (``dstk.render.ModelDims``)."""
     from dstk.models import FAMILIES, family_module
 
     family = getattr(spec, "family", None)
     shape = getattr(family_module(family), "SHAPE", None) if family in FAMILIES else None
     cfg = getattr(spec, "hf_config", None) or {}
-    qkv = getattr(shape, "qkv_bias", None)
-    qkv = bool(cfg.get("attention_bias", False)) if qkv is None else qkv
-    o_bias = getattr(shape, "o_bias", None)
-    o_bias = bool(cfg.get("attention_bias", False)) if o_bias is None else o_bias
+    qkv, o_bias, mlp = _linear_biases(family, cfg, shape)
     theta = cfg.get("rope_theta")
-    return {"qkv_bias": bool(shape is not None and qkv and not o_bias),
+    return {"bias": qkv and o_bias and mlp, "qkv_bias": qkv, "o_bias": o_bias, "mlp_bias": mlp,
             "qk_norm": bool(getattr(shape, "qk_norm", False)),
             "head_dim": getattr(spec, "head_dim", None), "rotary_base": None if theta is None else float(theta),
             "num_experts": int(getattr(spec, "num_experts", 1) or 1),
             "experts_per_token": int(getattr(spec, "experts_per_token", 1) or 1)}
+
+
+def _linear_biases(family: str | None, cfg: dict, shape: Any) -> tuple[bool, bool, bool]:
+    """(q/k/v, o, MLP) biases as each family's HF module builds them (the ``read`` of
+    ``dstk.models.<family>``): GPT-2 and BLOOM on every linear; OPT ``enable_bias`` (default true);
+    Falcon ``bias`` (default false: Falcon-7B/40B have none); GPT-NeoX ``attention_bias`` (default
+    true) on q/k/v and o, always on the MLP; Llama-shaped families their ``SHAPE`` (Qwen2: q/k/v
+    only) else ``attention_bias`` on q/k/v and o and ``mlp_bias`` on the MLP (default false)."""
+    if family in ("gpt2", "bloom"):
+        return True, True, True
+    if family in ("opt", "falcon"):
+        on = bool(cfg.get("enable_bias", True)) if family == "opt" else bool(cfg.get("bias", False))
+        return on, on, on
+    attention = bool(cfg.get("attention_bias", family == "gpt_neox"))
+    qkv = getattr(shape, "qkv_bias", None)
+    o_bias = getattr(shape, "o_bias", None)
+    return (attention if qkv is None else bool(qkv), attention if o_bias is None else bool(o_bias),
+            family == "gpt_neox" or bool(cfg.get("mlp_bias", False)))
 
 
 def run_dir_files(ctx: Context, result: PlanResult, *, index: int = 0) -> dict[str, str]:

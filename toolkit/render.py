@@ -36,16 +36,23 @@ class ModelDims:
     vocab_size: int
     max_position_embeddings: int | None = None
     gated_mlp: bool = True
-    """SwiGLU-style gated MLP (Llama, Mistral, Qwen); False for GPT-2-style GELU MLPs."""
+    """Gated MLP (SwiGLU: Llama, Mistral, Qwen; GeGLU: Gemma); False for GPT-2-style GELU MLPs."""
+    activation: str = "silu"
+    """The MLP activation as HF names it (``hidden_act``): silu, gelu_pytorch_tanh (Gemma), gelu_new, relu, ..."""
     norm: str = "rmsnorm"
     """rmsnorm or layernorm."""
     rotary: bool = True
     """Rotary position embeddings (else learned absolute positions)."""
     tied_embeddings: bool = False
     bias: bool = False
-    """Biases in the linear layers."""
+    """Biases in every linear layer (q/k/v, o, both MLP matrices: GPT-2, BLOOM): no ``--disable-bias-linear``."""
     qkv_bias: bool = False
-    """Biases on the q/k/v projections only (Qwen2): ``--add-qkv-bias`` beside ``--disable-bias-linear``."""
+    """Biases on the q/k/v projections (Qwen2): ``--add-qkv-bias`` beside ``--disable-bias-linear``."""
+    o_bias: bool = False
+    """A bias on the attention output projection when not every linear has one (Llama with
+    ``attention_bias: true``): Megatron-LM cannot say it (``megatron_notes``)."""
+    mlp_bias: bool = False
+    """Biases on the MLP matrices when not every linear has one (Llama's ``mlp_bias``): likewise."""
     qk_norm: bool = False
     """RMSNorm on q and k per head (Qwen3): ``--qk-layernorm``."""
     head_dim: int | None = None
@@ -302,6 +309,69 @@ def _number(x: float) -> int | float:
     return int(x) if x.is_integer() and abs(x) >= 1 else x
 
 
+_TANH_GELUS = ("gelu_pytorch_tanh", "gelu_new", "gelu_fast", "gelu_accurate", "bloom_gelu")
+"""HF's tanh approximations of GELU (``transformers/activations.py``; BLOOM's own ``bloom_gelu``)."""
+
+
+def _megatron_activation(model: ModelDims) -> tuple[str | None, str | None]:
+    """(the Megatron-LM activation flag, a note when it is not the HF model's function).
+
+    Megatron-LM's ``pretrain_gpt.py`` activations (``megatron/training/arguments.py`` and
+    ``argument_utils.core_transformer_config_from_args``, NVIDIA/Megatron-LM d98e8a64): the default
+    erf GELU, not gated; ``--swiglu`` (gated SiLU); ``--quick-geglu`` (gated ``x * sigmoid(1.702 x)``,
+    ``megatron/core/fusions/fused_bias_geglu.py quick_gelu``); ``--squared-relu``. There is no flag
+    for a gated GELU (Gemma's GeGLU, ``hidden_act: gelu_pytorch_tanh``) nor for a plain ReLU (OPT);
+    ``--openai-gelu`` is parsed but no longer read. The tanh and erf GELUs differ by < 5e-4, so a
+    plain tanh-GELU MLP (GPT-2) keeps the default without a note; quick-GELU differs from GELU
+    by up to 0.021, so a GeGLU model gets ``--quick-geglu`` (the same matrices, memory and time)
+    and a note saying so."""
+    act = model.activation
+    core = ("construct megatron-core's TransformerConfig in your own script with gated_linear_unit="
+            f"{model.gated_mlp} and activation_func=")
+    if model.gated_mlp:
+        if act in ("silu", "swish"):
+            return "--swiglu", None
+        if act == "quick_gelu":
+            return "--quick-geglu", None
+        if act == "gelu" or act in _TANH_GELUS:
+            fn = 'functools.partial(torch.nn.functional.gelu, approximate="tanh")' if act != "gelu" \
+                else "torch.nn.functional.gelu"
+            return "--quick-geglu", (
+                f"the MLP is a GeGLU ({act}); Megatron-LM has no flag for it (--swiglu is SiLU), so megatron.args "
+                "says --quick-geglu: the same matrices, memory and step time, but x*sigmoid(1.702x) in place of "
+                "GELU (up to 0.021 apart), so HF weights will not give the same outputs. To build the model "
+                f"exactly, {core}{fn}")
+        return "--swiglu", (f"the MLP is a gated {act}; Megatron-LM has no flag for it, so megatron.args says "
+                            "--swiglu (the same matrices, memory and step time, but SiLU). To build the model "
+                            f"exactly, {core}your {act}")
+    if act == "gelu" or act in _TANH_GELUS:
+        return None, None
+    fn = "torch.nn.functional.relu" if act == "relu" else f"your {act}"
+    return None, (f"the MLP activation is {act}; Megatron-LM has no flag for it (--squared-relu is relu squared), "
+                  f"so megatron.args keeps Megatron's default GELU (the same matrices, memory and step time). "
+                  f"To build the model exactly, {core}{fn}")
+
+
+def megatron_notes(model: ModelDims) -> list[str]:
+    """What ``megatron.args`` cannot say about ``model``, one sentence each (empty when Megatron-LM
+    builds the HF model exactly): the activation (``_megatron_activation``) and biases on some
+    linear layers but not all. Megatron-LM has bias on every linear (``add_bias_linear``, the
+    default) or on none (``--disable-bias-linear``), plus ``--add-qkv-bias`` for q/k/v alone
+    (``transformer_config.py`` ``add_bias_linear``/``add_qkv_bias``); an o_proj or MLP bias alone
+    has no flag, so megatron.args leaves it out and says so. Written into the run README and
+    printed by ``dstk generate``."""
+    notes = []
+    note = _megatron_activation(model)[1]
+    if note:
+        notes.append(note)
+    missing = [name for name, has in (("o_proj", model.o_bias), ("the MLP", model.mlp_bias)) if has and not model.bias]
+    if missing:
+        notes.append(f"the model has biases on {' and '.join(missing)} but not on every linear layer; Megatron-LM "
+                     "biases every linear or none (--add-qkv-bias adds q/k/v alone), so megatron.args leaves "
+                     "them out (a few parameters per layer; HF weights will not load as they are)")
+    return notes
+
+
 def megatron_args(*, layout: Layout, training: TrainingIntent, model: ModelDims,
                   split: tuple[int, ...] | None = None) -> list[str]:
     """Megatron-LM ``pretrain_gpt.py`` arguments for the same layout, one option per item.
@@ -364,8 +434,11 @@ def megatron_args(*, layout: Layout, training: TrainingIntent, model: ModelDims,
     opt("--seq-length", training.seq_len)
     opt("--max-position-embeddings", max(training.seq_len, model.max_position_embeddings or 0))
     opt("--vocab-size", model.vocab_size)
-    if model.gated_mlp:
-        opt("--swiglu")
+    flag = _megatron_activation(model)[0]
+    if flag:
+        opt(flag)
+    if flag == "--quick-geglu" and model.bias:  # megatron-core's mlp.py fuses a bias with gelu or swiglu only
+        opt("--no-bias-gelu-fusion")
     opt("--normalization", "RMSNorm" if model.norm == "rmsnorm" else "LayerNorm")
     opt("--position-embedding-type", "rope" if model.rotary else "learned_absolute")
     if model.rotary and model.rotary_base is not None and model.rotary_base != 10000:
@@ -425,8 +498,10 @@ def lora_readme_note(*, lora: dict, family: str | None) -> str:
             "(the LoRA line under \"Why this layout\" gives the full fine-tune's figure).")
 
 
-def run_readme(*, plan: dict, world_size: int, num_nodes: int, gpus_per_node: int, cpu: bool) -> str:
-    """A short README.md for a run directory: what the plan is and how to launch it."""
+def run_readme(*, plan: dict, world_size: int, num_nodes: int, gpus_per_node: int, cpu: bool,
+               megatron_notes: tuple[str, ...] = ()) -> str:
+    """A short README.md for a run directory: what the plan is and how to launch it; ``megatron_notes``
+    (``megatron_notes``): what ``megatron.args`` cannot say about the model."""
     layout = plan["layout"]
     gib = plan["memory"]["per_gpu"]["total_bytes"] / 2**30
     step = plan["time"]["step_seconds"]
@@ -476,7 +551,8 @@ def run_readme(*, plan: dict, world_size: int, num_nodes: int, gpus_per_node: in
     megatron = (f"""With Megatron-LM (one argument per line in `megatron.args`):
 
     torchrun --nproc_per_node {gpus_per_node} pretrain_gpt.py $(cat megatron.args) ...data and tokenizer args...
-""" if not lora else """Not with Megatron-LM: it has no LoRA, so `megatron.args` (the same layout) would train every
+""" + "".join(f"\nMegatron-LM cannot build this model exactly: {n}.\n" for n in megatron_notes)
+                if not lora else """Not with Megatron-LM: it has no LoRA, so `megatron.args` (the same layout) would train every
 parameter, which this plan's memory does not cover.
 """)
     ranks = ("CPU rank" if cpu else "GPU") + ("s" if world_size != 1 else "")
@@ -811,7 +887,8 @@ def run_files(
         "accelerate_config.yaml": accelerate_config_yaml(layout=layout, num_nodes=num_nodes, training=training),
         "training_args.json": _dumps(training_arguments(layout=layout, training=training)),
         "README.md": run_readme(
-            plan=plan, world_size=layout.world_size, num_nodes=num_nodes, gpus_per_node=gpus_per_node, cpu=cpu
+            plan=plan, world_size=layout.world_size, num_nodes=num_nodes, gpus_per_node=gpus_per_node, cpu=cpu,
+            megatron_notes=tuple(megatron_notes(model)),
         ),
     }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from dstk.errors import UsageError
 
@@ -59,7 +60,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     lay.add_argument("--recompute", choices=["none", "selective", "full"], help="default none")
     t = parser.add_argument_group("training")
     t.add_argument("--seq-len", type=int, metavar="S", help="default: the model's, else 2048")
-    t.add_argument("--precision", choices=["bf16", "fp16", "fp32"], help="default bf16")
+    t.add_argument("--precision", choices=["bf16", "fp16", "fp32"],
+                   help="default bf16, fp16 on a GPU without bf16 (V100), as `dstk plan` picks")
     t.add_argument("--optimizer", choices=["adamw", "adam", "sgd", "lion", "adafactor"], help="default adamw")
     t.add_argument("--attention", choices=["sdpa", "eager", "flash"], default="sdpa")
     t.add_argument("--tokens", type=float, metavar="T", help="token budget, for the time to train")
@@ -107,8 +109,9 @@ def cluster_from_args(args: argparse.Namespace):
     gpu = get_gpu(args.gpu, catalog=gpus)
     if args.gpu_memory_gib is not None:
         gpu = gpu.replace(memory_bytes=int(args.gpu_memory_gib * 2**30))
-    if args.gpu_tflops is not None:
-        gpu = gpu.replace(bf16_flops=args.gpu_tflops * 1e12, fp16_flops=args.gpu_tflops * 1e12)
+    if args.gpu_tflops is not None:  # as `dstk plan` does: a GPU without bf16 (V100) does not gain it
+        gpu = gpu.replace(bf16_flops=None if gpu.bf16_flops is None else args.gpu_tflops * 1e12,
+                          fp16_flops=args.gpu_tflops * 1e12)
     per_node = args.gpus_per_node or min(args.gpus, 8)
     if args.gpus < 1 or per_node < 1 or args.gpus % per_node:
         raise UsageError(f"--gpus {args.gpus} is not a multiple of --gpus-per-node {per_node}",
@@ -344,13 +347,26 @@ def from_config(args: argparse.Namespace):
     layout, precision, optimizer, notes = to_layout(settings, world_size=cluster.world_size, flags=flags,
                                                     fallback=fallback, pp=args.pp or 1, recompute=args.recompute,
                                                     positions=doc.positions, source=path)
+    if precision == "bf16" and cluster.gpu.bf16_flops is None:  # `dstk plan`'s refusal, with the file's fix
+        from dstk.plan import choose_precision
+
+        try:
+            choose_precision(requested=precision, gpu=cluster.gpu)
+        except DstkError as exc:
+            raise DstkError(exc.message.replace("training.precision: ", ""), location=path,
+                            hint='use fp16 (dynamic loss scaling): set "bf16": '
+                            '{"enabled": false} and "fp16": {"enabled": true} in the file (--precision fp16 '
+                            'where it says "auto"), or estimate it on a GPU with bf16') from None
     notes = [f.message for f in doc.findings] + list(notes)
     from dstk.validate.source import has_auto
 
     hf = has_auto(doc.config)
+    refused = []
     for f in validate_config(doc.config, world_size=cluster.world_size, tensor_parallel=layout.tp,
                              pipeline_stages=layout.pp, hf=hf):
-        if f.severity == "error":
+        if deepspeed_refuses(f):
+            refused.append(f)
+        elif f.severity == "error":
             notes.append(f"dstk validate: {f.pointer or '/'}: {f.message}")
     seq = args.seq_len or (base.seq_len if base else None) or (
         getattr(model, "seq_len", None) and min(model.seq_len, 4096)) or 2048
@@ -361,7 +377,30 @@ def from_config(args: argparse.Namespace):
                             num_tokens=tokens)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    return model, cluster, layout, training, settings.buffers, tuple(notes)
+    from dstk.validate import locate
+
+    return model, cluster, layout, training, settings.buffers, tuple(notes), tuple(locate(refused, doc))
+
+
+def deepspeed_refuses(finding) -> bool:
+    """Whether DeepSpeed 0.19.8 refuses a config with this ``dstk validate`` finding (an exception at
+    ``deepspeed.initialize``) rather than running it with the setting ignored: an error in a section
+    DeepSpeed parses with a pydantic model (``x-dstk-parser`` in the shipped schema: zero_optimization,
+    bf16, fp16, tensor_parallel, ...; ``DeepSpeedConfigModel`` has ``extra="forbid"``,
+    ``deepspeed/runtime/config_utils.py``), or an optimizer/scheduler parameter its constructor does
+    not take. An unknown top-level key is not one: DeepSpeed ignores it (``dstk estimate`` prices the
+    config without it and says so in a note)."""
+    from dstk.validate.schema import load_schema
+
+    if finding.severity != "error":
+        return False
+    if "fails at initialize" in finding.message:
+        return True
+    parts = finding.pointer.split("/")
+    if not finding.code.startswith("DS1") or len(parts) < 2 or not parts[1]:
+        return False
+    section = load_schema()["properties"].get(parts[1].replace("~1", "/").replace("~0", "~"))
+    return isinstance(section, dict) and str(section.get("x-dstk-parser", "")).startswith("pydantic")
 
 
 def buffer_terms(per_gpu) -> list[str]:
@@ -418,7 +457,7 @@ def run(args: argparse.Namespace) -> int:
 
     from dstk.estimate import ZeroBuffers, estimate
 
-    buffers, notes = ZeroBuffers(), ()
+    buffers, notes, refused = ZeroBuffers(), (), ()
     from dstk.intent import check_flag_ranges
 
     check_flag_ranges(args)  # 0, -1, 1e300 for --gpus, --seq-len, --gpu-memory-gib ...: exit 1 naming the flag
@@ -427,7 +466,7 @@ def run(args: argparse.Namespace) -> int:
 
         args = estimate_args(args)
     if args.config:
-        model, cluster, layout, training, buffers, notes = from_config(args)
+        model, cluster, layout, training, buffers, notes, refused = from_config(args)
     elif args.intent:
         model, cluster, layout, training = from_intent(args)
     else:
@@ -435,13 +474,19 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--gpus N is required (or give --intent FILE)", hint="e.g. --gpus 8")
         model = model_from_args(args)
         cluster = cluster_from_args(args)
+        from dstk.plan import choose_precision
+
+        # `dstk plan`'s rule and message: bf16 refused where the GPU has none; unset: bf16, else fp16
+        args = argparse.Namespace(**{**vars(args), "precision": choose_precision(requested=args.precision,
+                                                                                  gpu=cluster.gpu)[0]})
         layout, training = layout_and_training(args, model)
     training = _with_lora(args, training=training, layout=layout, model=model)
     est = estimate(model=model, layout=layout, training=training, cluster=cluster, buffers=buffers)
     if args.format == "json":
         data = est.to_dict()
         if args.config:
-            data["config"] = {"path": args.config, "buffers": dataclasses.asdict(buffers), "notes": list(notes)}
+            data["config"] = {"path": args.config, "buffers": dataclasses.asdict(buffers), "notes": list(notes),
+                              "deepspeed_refuses": [f.to_dict() for f in refused]}
         print(json.dumps(data, indent=2))
     else:
         from dstk import tables
@@ -457,4 +502,12 @@ def run(args: argparse.Namespace) -> int:
                     lambda con, lines=lines, marker=marker: con.print(tables.bullets(lines, marker=marker)),
                     width=width)
         print(text)
+    if refused:  # the estimate is printed, but of a file deepspeed.initialize would not accept
+        from dstk.errors import EXIT_INVALID
+        from dstk.findings import render_text
+
+        print(f"error: DeepSpeed refuses {args.config} at deepspeed.initialize; the estimate above is of the file "
+              f"with {'this setting' if len(refused) == 1 else 'these settings'} left out\n"
+              + render_text(args.config, refused), file=sys.stderr)
+        return EXIT_INVALID
     return 0

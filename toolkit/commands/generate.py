@@ -79,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
     written = write_files(args.output, files, force=args.force)
     planner.check_written(args.output, files)
     plan = json.loads(files["plan.json"])
+    if not (plan.get("training") or {}).get("lora"):  # a LoRA plan's README already rules Megatron-LM out
+        from dstk.render import megatron_notes
+
+        for note in megatron_notes(planner.model_dims(plan["model"], ctx.model)):
+            print(f"warning: megatron.args: Megatron-LM cannot build this model exactly: {note}", file=sys.stderr)
     if args.format == "json":
         print(json.dumps({"output": str(args.output), "files": [p.name for p in written], "plan": plan}, indent=2))
     else:
