@@ -5,7 +5,7 @@ a 250,880-token vocabulary. Source: BigScience 2022; tensor list as in
 
 from __future__ import annotations
 
-from dstk.models.spec import ModelSpec, first, linear, norm
+from dstk.models.spec import EagerLayer, ModelSpec, first, linear, norm
 
 FAMILY = "bloom"
 HF_ARCHITECTURE = "BloomForCausalLM"
@@ -49,6 +49,8 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
         rotary=False, dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
         embedding_tensors=(vocab * h,) + norm(h, bias=True), layer_tensors=layer, final_tensors=norm(h, bias=True),
         lm_head_tensors=() if tied else linear(h, vocab, False), hf_config=dict(cfg),
+        # BloomAttention: q/k/v selected out of a per-head view, reshaped for baddbmm (copies).
+        eager=EagerLayer(qkv_split="select", heads_reshaped=True),
     )
 
 

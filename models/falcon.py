@@ -5,7 +5,7 @@ and two LayerNorms (``ln_attn``, ``ln_mlp``); no biases, tied lm_head. Source: A
 
 from __future__ import annotations
 
-from dstk.models.spec import ModelSpec, first, linear, norm
+from dstk.models.spec import EagerLayer, ModelSpec, first, linear, norm
 
 FAMILY = "falcon"
 HF_ARCHITECTURE = "FalconForCausalLM"
@@ -58,6 +58,10 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
         rotary=not cfg.get("alibi", False), dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
         embedding_tensors=(vocab * h,), layer_tensors=layer, final_tensors=norm(h, bias=True),
         lm_head_tensors=() if tied else linear(h, vocab, False), hf_config=dict(cfg),
+        # FalconAttention._split_heads: the new decoder picks k/v by index and broadcasts them to
+        # the query heads (copied by flatten); multi-query picks them by index; otherwise q/k/v
+        # are selected out of a per-head view, as BLOOM's.
+        eager=EagerLayer(qkv_split="grouped" if new_arch else ("index" if multi_query else "select"), num_norms=norms),
     )
 
 

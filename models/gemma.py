@@ -5,10 +5,12 @@ in ``transformers/models/gemma/modeling_gemma.py``."""
 from __future__ import annotations
 
 from dstk.models.llama_shaped import LlamaShaped
+from dstk.models.spec import EagerLayer
 
 SHAPE = LlamaShaped(family="gemma", architecture="GemmaForCausalLM", tied=True,
                     defaults={"head_dim": 256, "vocab_size": 256000, "max_position_embeddings": 8192,
-                              "hidden_act": "gelu_pytorch_tanh"})
+                              "hidden_act": "gelu_pytorch_tanh"},
+                    eager=EagerLayer(norm_weight_fp32=True))  # GemmaRMSNorm: x * (1 + weight) in fp32
 FAMILY, HF_ARCHITECTURE, MODULES, PIPELINE_ADAPTER = SHAPE.exports
 read, hf_config, preset = SHAPE.read, SHAPE.hf_config, SHAPE.preset
 

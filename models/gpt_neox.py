@@ -4,7 +4,7 @@ rotary, LayerNorm, fused ``query_key_value``, biases, an untied output layer. So
 
 from __future__ import annotations
 
-from dstk.models.spec import ModelSpec, linear, norm
+from dstk.models.spec import EagerLayer, ModelSpec, linear, norm, rotary_factor
 
 FAMILY = "gpt_neox"
 HF_ARCHITECTURE = "GPTNeoXForCausalLM"
@@ -52,6 +52,9 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
         activation=cfg.get("hidden_act", "gelu"), dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
         embedding_tensors=(vocab * h,), layer_tensors=layer, final_tensors=norm(h, bias=True),
         lm_head_tensors=() if tied else linear(h, vocab, False), hf_config=dict(cfg),
+        # GPTNeoXAttention views query_key_value per head and chunks it; rotary on the first
+        # rotary_pct of each head, the rest concatenated back.
+        eager=EagerLayer(qkv_split="view", rotary_cat=True, rotary_fraction=float(rotary_factor(cfg, default=0.25))),
     )
 
 

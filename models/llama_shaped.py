@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from dstk.models.spec import ModelSpec, llama_like
+from dstk.models.spec import EagerLayer, ModelSpec, llama_like
 from dstk.pipeline.adapter import PipelineAdapter
 
 MODULES: dict[str, Any] = {
@@ -58,6 +58,9 @@ class LlamaShaped:
     """Sparse MoE MLP: ``num_local_experts`` SwiGLU experts, ``num_experts_per_tok`` routed (Mixtral)."""
     defaults: dict = dataclasses.field(default_factory=dict)
     """HF config keys every preset of the family shares (vocab_size, head_dim, hidden_act, ...)."""
+    eager: EagerLayer = EagerLayer()
+    """How the family's modeling code differs from Llama's when run eagerly (Gemma: the norm's
+    weight product in fp32); biases are added from the config by ``read``."""
 
     @property
     def modules(self) -> dict[str, Any]:
@@ -109,7 +112,7 @@ class LlamaShaped:
             o_bias=bias if self.o_bias is None else self.o_bias,
             mlp_bias=bool(cfg.get("mlp_bias", False)), qk_norm=self.qk_norm, tied_default=self.tied,
             num_experts=cfg.get("num_local_experts", 8) if self.moe else 1,
-            experts_per_token=cfg.get("num_experts_per_tok", 2) if self.moe else 1,
+            experts_per_token=cfg.get("num_experts_per_tok", 2) if self.moe else 1, eager=self.eager,
         )
 
     def hf_config(self, spec: ModelSpec) -> dict:

@@ -5,7 +5,7 @@ out and puts LayerNorm after the block. Source: Zhang et al. 2022; tensor list a
 
 from __future__ import annotations
 
-from dstk.models.spec import ModelSpec, linear, norm
+from dstk.models.spec import EagerLayer, ModelSpec, linear, norm
 
 FAMILY = "opt"
 HF_ARCHITECTURE = "OPTForCausalLM"
@@ -58,6 +58,7 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
         activation=cfg.get("activation_function", "relu"), dropout=float(cfg.get("dropout", 0.1)),
         embedding_tensors=embed, layer_tensors=layer, final_tensors=final,
         lm_head_tensors=() if tied else linear(proj, vocab, False), hf_config=dict(cfg),
+        eager=EagerLayer(q_scale=True),  # OPTAttention: q_proj(x) * scaling
     )
 
 

@@ -4,7 +4,7 @@ biases. Source: Abdin et al. 2024; tensor list as in ``transformers/models/phi3/
 
 from __future__ import annotations
 
-from dstk.models.spec import ModelSpec, first, linear, norm
+from dstk.models.spec import EagerLayer, ModelSpec, first, linear, norm, rotary_factor
 
 FAMILY = "phi3"
 HF_ARCHITECTURE = "Phi3ForCausalLM"
@@ -46,6 +46,10 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
         activation=cfg.get("hidden_act", "silu"), dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
         embedding_tensors=(vocab * h,), layer_tensors=layer, final_tensors=norm(h, bias=False),
         lm_head_tensors=() if tied else linear(h, vocab, False), hf_config=dict(cfg),
+        # Phi3Attention slices q/k/v out of qkv_proj; Phi3MLP chunks gate_up_proj; rotary runs on
+        # q[..., :rotary_dim] and concatenates the rest back (even when nothing is left).
+        eager=EagerLayer(qkv_split="slice", fused_gate_up=True, rotary_cat=True,
+                         rotary_fraction=float(rotary_factor(cfg, default=1.0))),
     )
 
 

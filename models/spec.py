@@ -25,6 +25,44 @@ def norm(width: int, *, bias: bool) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class EagerLayer:
+    """How HF transformers' modeling code runs one layer eagerly, beyond what the tensor sizes say:
+    what ``dstk.estimate.timing.eager_elementwise_bytes_per_token`` needs to count the bytes of its
+    non-GEMM ops (each field is one of its keyword arguments; the docstring there prices each)."""
+
+    norm_weight_fp32: bool = False
+    """RMSNorm multiplies by its weight in fp32 before casting back (Gemma's ``1 + weight``)."""
+    qkv_bias: bool = False
+    """Biases on q/k/v only, no MLP bias (Qwen2)."""
+    o_bias: bool = False
+    """A bias on the attention output projection only."""
+    qkv_split: str = "split"
+    """How a fused QKV output is cut: ``split`` (GPT-2), ``view`` (per-head view + chunk:
+    GPT-NeoX), ``slice`` (Phi-3), ``select`` (per-head view + select: BLOOM, Falcon),
+    ``index`` (Falcon-7B's multi-query), ``grouped`` (Falcon's new decoder: k/v broadcast to the
+    query heads)."""
+    fused_gate_up: bool = False
+    """One ``gate_up_proj`` whose output is chunked (Phi-3)."""
+    rotary_fraction: float = 1.0
+    """Share of each head that is rotated (GPT-NeoX's ``rotary_pct``, 0.25)."""
+    rotary_cat: bool = False
+    """Rotary splits each head into rotated and passed parts and concatenates them (GPT-NeoX, Phi-3)."""
+    q_scale: bool = False
+    """The query is scaled by ``head_dim ** -0.5`` in its own op (OPT)."""
+    num_norms: int = 2
+    """Norms over ``h`` per layer (Falcon-7B's parallel block: one)."""
+    heads_reshaped: bool = False
+    """q, k, v copied to ``(batch x heads, s, d)`` for an eager ``baddbmm`` attention (BLOOM)."""
+
+    def __post_init__(self) -> None:
+        if self.qkv_split not in ("split", "view", "slice", "select", "index", "grouped"):
+            raise ValueError(f"qkv_split: expected split, view, slice, select, index or grouped, "
+                             f"got {self.qkv_split!r}")
+        if not 0.0 < self.rotary_fraction <= 1.0:
+            raise ValueError(f"rotary_fraction: expected a share in (0, 1], got {self.rotary_fraction!r}")
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
 class ModelSpec:
     """A decoder-only transformer: dimensions and the exact sizes of its parameter tensors."""
 
@@ -66,6 +104,8 @@ class ModelSpec:
     """Sizes of the last stage's tensors after the last layer, without the lm_head."""
     lm_head_tensors: tuple[int, ...] = ()
     """Sizes of the output projection's tensors; empty when tied to the input embedding."""
+    eager: EagerLayer = EagerLayer()
+    """How HF's modeling code runs the layer (what its eager bytes depend on beyond the sizes)."""
     hf_config: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
     """The HF ``config.json`` keys that build the real transformers model (``model_type`` first)."""
 
@@ -128,6 +168,13 @@ class ModelSpec:
         """Width of the query projection output, ``num_heads * head_dim`` (may differ from hidden)."""
         return self.num_heads * self.head_dim
 
+    def eager_keywords(self) -> dict:
+        """Keyword arguments of ``timing.eager_elementwise_bytes_per_token`` for this model's layer
+        code: ``eager``'s fields, and ``experts_per_token`` for an MoE (0 when dense)."""
+        out = {field.name: getattr(self.eager, field.name) for field in dataclasses.fields(EagerLayer)}
+        out["experts_per_token"] = self.experts_per_token if self.num_experts > 1 else 0
+        return out
+
     def describe(self) -> str:
         def short(n: int) -> str:
             return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
@@ -176,9 +223,19 @@ def first(cfg: dict, *keys: str, default=None):
     return default
 
 
+def rotary_factor(cfg: dict, *, default: float) -> float:
+    """Share of each head that rotary rotates: ``partial_rotary_factor`` (top level or in
+    ``rope_parameters``/``rope_scaling``, transformers 5) or GPT-NeoX's older ``rotary_pct``."""
+    for section in (cfg, cfg.get("rope_parameters") or {}, cfg.get("rope_scaling") or {}):
+        value = first(section, "partial_rotary_factor", "rotary_pct")
+        if value is not None:
+            return value
+    return default
+
+
 def llama_like(cfg: dict, *, name: str, family: str, qkv_bias: bool, o_bias: bool, mlp_bias: bool = False,
                qk_norm: bool = False, tied_default: bool = False, num_experts: int = 1,
-               experts_per_token: int = 1) -> ModelSpec:
+               experts_per_token: int = 1, eager: EagerLayer = EagerLayer()) -> ModelSpec:
     """A spec for any Llama-shaped decoder; the family decides the biases, QK-norm, tying and MoE.
 
     One layer: RMSNorm, q/k/v/o projections (grouped-query when ``num_key_value_heads`` <
@@ -214,5 +271,6 @@ def llama_like(cfg: dict, *, name: str, family: str, qkv_bias: bool, o_bias: boo
         activation=cfg.get("hidden_act", "silu"), dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
         embedding_tensors=(vocab * h,), layer_tensors=layer, expert_tensors=expert,
         final_tensors=norm(h, bias=False), lm_head_tensors=() if tied else linear(h, vocab, False),
+        eager=dataclasses.replace(eager, qkv_bias=qkv_bias and not mlp_bias, o_bias=o_bias and not mlp_bias),
         hf_config=dict(cfg),
     )

@@ -19,6 +19,16 @@ Sources of the default figures:
   the published runs the time model is checked against (``benchmarks/estimate_published.py``);
 - ``num_sms``: the SM count of the datasheet, for wave quantization (NVIDIA's Matrix Multiplication
   Background User's Guide counts waves of 108 tiles of 256 x 128 on A100); set for A100 only;
+- ``flash_attention_efficiency`` / ``sdpa_attention_efficiency``: the published FlashAttention-2
+  and cuDNN attention benchmarks (``ATTENTION_BENCHMARKS``: Dao 2023 Fig. 4 for A100, Shah et al.
+  2024 Figs. 5-6 for H100), causal forward + backward at head dim 128 (``attention_curve``). H200
+  takes H100's curves (the same sm90 die, clocks and 16-bit peak; attention at these lengths is
+  bound by the tensor cores, not HBM), A100 40GB takes the 80GB's; other GPUs have no published
+  curve (``FLASH_GEMM_SHARE`` of the GEMM curve). Head dim 64 runs ~5-10% below 128 in forward
+  (FlashAttention-3 Fig. 5: 180-299 vs 191-335 TFLOP/s causal), not modelled;
+- ``host_dram_bytes_per_s``: the CPU memory bandwidth of the node the GPU usually comes in
+  (``NODE_HOST_DRAM``: DGX A100, DGX H100/H200), ``sockets x channels x MT/s x 8`` x a published
+  STREAM triad share (``STREAM_TRIAD_FRACTION``); what offloaded optimizer steps share;
 - ``Interconnect.efficiency`` of InfiniBand: ``IB_EFFICIENCY`` (NCCL's measured bus bandwidth
   between nodes over the line rate, nccl-tests issues cited there);
 - ``achievable_fraction``: the share of peak for a model known only by its parameter count (no
@@ -31,6 +41,7 @@ No torch here.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 from typing import Any
@@ -38,6 +49,19 @@ from typing import Any
 GiB = 2**30
 GB = 10**9
 TFLOP = 10**12
+
+
+def _log_linear(points: tuple[tuple[float, float], ...], x: float) -> float:
+    """A curve of ``(x, y)`` points sorted by ``x`` read at ``x``: linear in ``log x`` between
+    points, clamped to the end points outside them."""
+    if x <= points[0][0]:
+        return points[0][1]
+    if x >= points[-1][0]:
+        return points[-1][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= x <= x1:
+            return y0 + (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0)) * (y1 - y0)
+    return points[-1][1]
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
@@ -70,6 +94,11 @@ class GPU:
     """Sustained device memory bandwidth, bytes/s (a streaming copy's, ~0.9 of the datasheet): what
     memory-bound operators (norms, elementwise, softmax, the optimizer step) run at. None: unknown
     (the time model then prices them at zero)."""
+    host_dram_bytes_per_s: float | None = None
+    """Sustained CPU memory (DRAM) bandwidth of the whole node this GPU usually comes in, all
+    sockets, bytes/s (``NODE_HOST_DRAM``): what the node's ranks share when their CPU optimizer
+    steps run at once under optimizer offload (``host_optimizer_seconds``). None: not known for
+    this GPU's node; ``HOST_DRAM_FALLBACK_BYTES_PER_S`` is used."""
     gemm_efficiency: tuple[tuple[float, float], ...] | None = None
     """Share of the dense peak a matrix multiply reaches, as ``(dim, fraction)`` points sorted by
     ``dim``, the smallest of the GEMM's three dimensions (m, n, k); read log-linearly between
@@ -107,6 +136,24 @@ class GPU:
     data-parallel rank. 0 in the catalog for GPUs (see ``zero_tensor_seconds``); measured for
     the ``cpu`` entry, and by ``dstk doctor --calibrate`` on CPU ranks."""
 
+    flash_attention_efficiency: tuple[tuple[float, float], ...] | None = None
+    """Share of the dense 16-bit peak the FlashAttention-2 kernel (the ``flash-attn`` package, HF's
+    ``flash_attention_2``; also torch SDPA's flash backend) reaches over one causal forward +
+    backward, as ``(seq_len, fraction)`` points sorted by ``seq_len``, read log-linearly between
+    points and clamped outside them (``attention_fraction``). FLOPs are counted as its authors count
+    them (Dao 2023 §4.1): ``4 s^2 d h / 2`` forward under the causal mask, 2.5x that backward. From
+    the published benchmarks (``ATTENTION_BENCHMARKS``, head dim 128). One rate for both passes: the
+    forward alone runs faster (FlashAttention-2 causal on H100 at 8k: 333 TFLOP/s against 298 for
+    forward + backward), so a full recompute's second forward is priced ~10% slow. None:
+    ``FLASH_GEMM_SHARE`` of the ``gemm_efficiency`` curve at ``seq_len`` (no published figure for
+    the GPU)."""
+    sdpa_attention_efficiency: tuple[tuple[float, float], ...] | None = None
+    """The same for the kernel torch's ``scaled_dot_product_attention`` picks on this GPU, where it
+    is not FlashAttention-2: cuDNN's fused attention on sm90/sm100 (H100, H200, B200) with torch
+    2.11+ (``check_prefer_cudnn_attention`` in ``aten/.../cuda/sdp_utils.cpp`` puts cuDNN first when
+    the bundled cuDNN is above 9.15; older torch runs FlashAttention-2 there: set this to the
+    flash curve in a ``--hardware`` file). None: ``flash_attention_efficiency``."""
+
     collective_latency_seconds: float = 10e-6
     """Fixed cost of one collective call inside the node, whatever its size (the alpha of
     ``alpha + bytes/bandwidth``): what many small buckets pay. NCCL over NVLink: nccl-tests'
@@ -127,6 +174,19 @@ class GPU:
                 raise ValueError("gemm_efficiency: expected [dim, fraction] points with dim > 0 increasing "
                                  f"and fraction in (0, 1], got {self.gemm_efficiency!r}")
             object.__setattr__(self, "gemm_efficiency", points)
+        for name in ("flash_attention_efficiency", "sdpa_attention_efficiency"):
+            curve = getattr(self, name)
+            if curve is None:
+                continue
+            try:
+                points = tuple((float(s), float(f)) for s, f in curve)
+            except (TypeError, ValueError):
+                points = ()
+            if not points or any(not 0 < s < math.inf or not 0 < f <= 1 for s, f in points) \
+                    or any(a[0] >= b[0] for a, b in zip(points, points[1:])):
+                raise ValueError(f"{name}: expected [seq_len, fraction] points with seq_len > 0 increasing "
+                                 f"and fraction in (0, 1], got {curve!r}")
+            object.__setattr__(self, name, points)
         for name in ("layer_overhead_seconds", "step_overhead_seconds", "collective_latency_seconds",
                      "zero_tensor_seconds", "zero3_tensor_seconds"):
             if not getattr(self, name) >= 0:
@@ -136,26 +196,31 @@ class GPU:
             raise ValueError(f"num_sms: expected a positive whole number, got {self.num_sms!r}")
         if self.hbm_bytes_per_s is not None and not self.hbm_bytes_per_s > 0:
             raise ValueError(f"hbm_bytes_per_s: expected a positive number, got {self.hbm_bytes_per_s!r}")
+        if self.host_dram_bytes_per_s is not None and not 0 < self.host_dram_bytes_per_s < math.inf:
+            raise ValueError(f"host_dram_bytes_per_s: expected a positive number, got {self.host_dram_bytes_per_s!r}")
         for name in ("achievable_fraction", "intra_node_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise ValueError(f"{name}: expected a fraction in (0, 1], got {getattr(self, name)!r}")
 
     def gemm_fraction(self, dim: float) -> float:
         """Share of peak for a GEMM whose smallest dimension is ``dim`` (``gemm_efficiency``)."""
-        points = self.gemm_efficiency
-        if not points:
+        if not self.gemm_efficiency:
             return self.achievable_fraction
-        if dim <= points[0][0]:
-            return points[0][1]
-        if dim >= points[-1][0]:
-            return points[-1][1]
-        import math
+        return _log_linear(self.gemm_efficiency, dim)
 
-        for (d0, f0), (d1, f1) in zip(points, points[1:]):
-            if d0 <= dim <= d1:
-                t = (math.log(dim) - math.log(d0)) / (math.log(d1) - math.log(d0))
-                return f0 + t * (f1 - f0)
-        return points[-1][1]
+    def attention_fraction(self, *, kernel: str, seq_len: float) -> float:
+        """Share of peak of the fused attention kernel ``kernel`` (``flash`` or ``sdpa``) over a
+        causal forward + backward of ``seq_len``-long sequences, FLOPs counted as
+        ``flash_attention_efficiency`` says: the ``sdpa_attention_efficiency`` curve for ``sdpa``
+        where the catalog has one, else ``flash_attention_efficiency``, read log-linearly in
+        ``seq_len`` and clamped at its ends; with neither, ``FLASH_GEMM_SHARE`` x ``gemm_fraction``
+        of ``seq_len`` (the rule before the published curves)."""
+        curve = self.flash_attention_efficiency
+        if kernel == "sdpa" and self.sdpa_attention_efficiency:
+            curve = self.sdpa_attention_efficiency
+        if not curve:
+            return FLASH_GEMM_SHARE * self.gemm_fraction(seq_len)
+        return _log_linear(curve, seq_len)
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak FLOP/s for ``precision``; bf16 falls back to fp16 where bf16 is missing
@@ -226,8 +291,138 @@ def roofline_curve(*, peak_tflops: float, hbm_gbps: float, mamf: float,
     return tuple((float(d), round(mamf * d / (d + knee), 4)) for d in dims)
 
 
+FLASH_GEMM_SHARE = 0.75
+"""A fused attention kernel's rate as a share of the ``gemm_efficiency`` curve at its sequence
+length, where the catalog has no published curve for the GPU: FlashAttention-2 reaches 50-73% of
+A100's peak forward (Dao 2023, abstract) where cuBLAS reaches ~86% (Bekman's MAMF). Optimistic for
+a causal training step: on A100 and H100 the published causal forward + backward is 0.32-0.61 and
+0.15-0.31 of peak (``ATTENTION_BENCHMARKS``)."""
+
+ATTENTION_SEQ_LENS: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384)
+"""Sequence lengths of the FlashAttention benchmarks (batch x length = 16k tokens, hidden 2048)."""
+
+ATTENTION_BENCHMARKS: dict[str, dict[str, tuple[float, ...]]] = {
+    # H100 SXM5, FP16, head dim 128: Shah et al. 2024 (FlashAttention-3, arXiv 2407.08608) Fig. 5
+    # (forward, without / with causal mask) and Fig. 6 (backward, without causal mask), values as
+    # printed on the bars, at ATTENTION_SEQ_LENS. Their FlashAttention-2 bars reproduce the
+    # FlashAttention-2 paper's "up to 335 TFLOPs/s" forward + backward on H100 (Dao 2023 §4.1,
+    # Fig. 7): 3.5 / (1/370 + 2.5/322) = 334 at 16k without the mask.
+    "h100-fa2": {"forward_causal": (191, 260, 298, 319, 333, 335), "forward": (309, 350, 362, 368, 370, 370),
+                 "backward": (214, 260, 291, 310, 318, 322)},
+    "h100-cudnn": {"forward_causal": (315, 410, 484, 518, 529, 539), "forward": (497, 574, 617, 609, 600, 595),
+                   "backward": (305, 408, 465, 499, 518, 516)},
+    # A100 80GB SXM4, FP16, head dim 128, causal, forward + backward: Dao 2023 (FlashAttention-2,
+    # arXiv 2307.08691) Fig. 4d, FlashAttention-2's bars at 512 and 16k as transcribed (99 and
+    # 189 TFLOP/s; 151 and 203 without the mask, Fig. 4b); the lengths between are not transcribed.
+    "a100-fa2": {"forward_backward_causal": (99, 189)},
+}
+"""Published TFLOP/s of fused attention kernels (FLOPs as ``GPU.flash_attention_efficiency``
+counts them), the figures the catalog's attention curves come from (``attention_curve``)."""
+
+
+def attention_curve(*, peak_tflops: float, forward_causal: tuple[float, ...] = (), forward: tuple[float, ...] = (),
+                    backward: tuple[float, ...] = (), forward_backward_causal: tuple[float, ...] = (),
+                    seq_lens: tuple[int, ...] = ATTENTION_SEQ_LENS) -> tuple[tuple[float, float], ...]:
+    """``(seq_len, fraction)`` points of a causal forward + backward from published per-length
+    TFLOP/s: ``forward_backward_causal`` as it is, or the causal forward ``F_c`` and the
+    backward, which the benchmarks give without the mask only (``B``): the causal backward is taken
+    as ``B F_c / F`` (the mask costing backward the share it costs forward; on A100 the forward +
+    backward with/without the mask is 0.66 at 512 and 0.93 at 16k, Dao 2023 Fig. 4b/4d, the H100
+    forward's 0.62 and 0.91), and forward + backward runs ``3.5 / (1/F_c + 2.5/B_c)``: the
+    forward's FLOPs at its rate, the backward's 2.5x at its own. Divided by ``peak_tflops``."""
+    if forward_backward_causal:
+        rates = forward_backward_causal
+    else:
+        rates = tuple(3.5 / (1.0 / fc + 2.5 / (b * fc / f)) for fc, f, b in zip(forward_causal, forward, backward))
+    return tuple((float(s), round(r / peak_tflops, 4)) for s, r in zip(seq_lens, rates))
+
+
+_H100_FLASH = attention_curve(peak_tflops=989, **ATTENTION_BENCHMARKS["h100-fa2"])
+_H100_CUDNN = attention_curve(peak_tflops=989, **ATTENTION_BENCHMARKS["h100-cudnn"])
+_A100_FLASH = attention_curve(peak_tflops=312, seq_lens=(512, 16384), **ATTENTION_BENCHMARKS["a100-fa2"])
+
+
+def dram_peak_bytes_per_s(*, sockets: int, channels_per_socket: int, mega_transfers_per_s: float) -> float:
+    """Peak DRAM bandwidth of a node: ``sockets x channels per socket x MT/s x 8`` bytes (a 64-bit
+    DDR4 channel, or DDR5's two 32-bit subchannels, moves 8 bytes a transfer)."""
+    return sockets * channels_per_socket * mega_transfers_per_s * 1e6 * 8
+
+
+STREAM_TRIAD_FRACTION = {"xeon-8480": 372.228 * GiB / 614.4e9, "epyc-7742": 206.751 * GiB / 409.6e9}
+"""STREAM triad over the DRAM peak, two-socket nodes with all cores (one MPI rank a core), as
+published in simon-r/My_Stream_Benchmark ``RESULTS.md`` (commit 11d386cd), whose "GB/s" are GiB/s
+(``src/my_stream_MPI.c`` divides by 1024^3) and whose triad ``d = s a + b`` counts 3 words an
+element: 2 x Xeon Platinum 8480+ 372.2 GiB/s = 399.7 GB/s of 614.4 (8 x DDR5-4800 a socket) =
+0.65; 2 x EPYC 7742 206.8 GiB/s = 222.0 GB/s of 409.6 (8 x DDR4-3200 a socket) = 0.54. The DIMM
+population is not stated. A conservative figure for CPU Adam: the triad's ordinary stores to a
+third array also read each line first (write-allocate, not in STREAM's count), while CPU Adam
+writes only lines it has just read, so it can move up to 4/3 of these bytes per second
+(``benchmarks/cpu_adam.py`` on the project's machine: 1.06-1.97x faster than a triad's count
+predicts, medians of three loaded runs; docs/estimate.md "Offloaded optimizer step")."""
+
+NODE_HOST_DRAM: dict[str, float] = {
+    # DGX A100 (and HGX A100 boards built like it): 2 x AMD EPYC 7742, 8 x DDR4-3200 a socket.
+    "a100-40gb": dram_peak_bytes_per_s(sockets=2, channels_per_socket=8, mega_transfers_per_s=3200)
+    * STREAM_TRIAD_FRACTION["epyc-7742"],
+    "a100-80gb": dram_peak_bytes_per_s(sockets=2, channels_per_socket=8, mega_transfers_per_s=3200)
+    * STREAM_TRIAD_FRACTION["epyc-7742"],
+    # DGX H100 and DGX H200: 2 x Intel Xeon Platinum 8480C, 8 x DDR5-4800 a socket.
+    "h100-sxm": dram_peak_bytes_per_s(sockets=2, channels_per_socket=8, mega_transfers_per_s=4800)
+    * STREAM_TRIAD_FRACTION["xeon-8480"],
+    "h200": dram_peak_bytes_per_s(sockets=2, channels_per_socket=8, mega_transfers_per_s=4800)
+    * STREAM_TRIAD_FRACTION["xeon-8480"],
+    # The project's 2-core machine: torch triads of `benchmarks/cpu_adam.py` and its earlier
+    # versions, 15-70 GB/s over nine runs at load 3-8 (other sessions' tests running); the cpu
+    # entry's streaming figure (hbm_bytes_per_s), as the ranks and their host are one memory.
+    "cpu": 35 * GB,
+}
+"""Sustained DRAM bandwidth of the node each GPU usually comes in (``GPU.host_dram_bytes_per_s``):
+``dram_peak_bytes_per_s x STREAM_TRIAD_FRACTION``. GPUs sold in many different servers (V100,
+A10, L40S, H100 PCIe, B200, MI250X, MI300X) have none: ``HOST_DRAM_FALLBACK_BYTES_PER_S``; set
+``host_dram_gbps`` in a ``--hardware`` file for your node."""
+
+HOST_DRAM_FALLBACK_BYTES_PER_S = NODE_HOST_DRAM["a100-80gb"]
+"""Where the node is not known: the DGX A100's 222.0 GB/s, the least of the catalog's 8-GPU nodes."""
+
+CPU_ADAM_BYTES_PER_PARAM = 28
+"""DRAM bytes per parameter of DeepSpeed's CPU Adam (``csrc/includes/cpu_adam.h``
+``Step_AVX``, fp32 parameters and states): it loads the gradient, ``exp_avg``, ``exp_avg_sq`` and
+the parameter (16) and stores the last three (12), in place, with ordinary stores to lines it has
+just read (no extra read for ownership)."""
+
+
+def host_optimizer_bytes_per_param(*, optimizer: str, precision: str, unscale: bool = True) -> float:
+    """DRAM bytes per parameter of one offloaded optimizer step on the host, as DeepSpeed 0.19.8
+    runs it (``stage_1_and_2.py`` ``step`` under ``cpu_offload``; ``stage3.py`` ``step``):
+
+    - ``unscale_and_clip_grads``: ``grad.mul_(1 / combined_scale)`` on the fp32 CPU gradient, read
+      and write 4. ZeRO-3 always runs it; ZeRO-1/2 skip it only with ``gradient_clipping`` 0 and no
+      loss scale (DeepSpeed's default clipping is 1.0): ``unscale=False`` leaves it out;
+    - the CPU optimizer: Adam 28 (``CPU_ADAM_BYTES_PER_PARAM``); a one-state optimizer
+      (Lion, SGD with momentum) reads and writes one state less, 20;
+    - the fp32 master copied into the 16-bit buffer (``bit16_partition_buffer.data.copy_``;
+      ZeRO-3's ``fp16_partitioned_groups_flat[...].copy_`` converts on the host before the
+      transfer): read 4, write ``w`` (2, or 4 in fp32 training).
+
+    Adam in bf16: 8 + 28 + 6 = 42."""
+    states = {"adamw": 2, "adam": 2, "sgd": 1, "lion": 1, "adafactor": 1}.get(optimizer, 2)
+    update = 4 * (2 + states) + 4 * (1 + states)
+    cast = 4 + (4 if precision == "fp32" else 2)
+    return (8.0 if unscale else 0.0) + update + cast
+
+
+def host_optimizer_seconds(*, params_per_rank: float, ranks_per_node: int, host_dram_bytes_per_s: float,
+                           bytes_per_param: float) -> float:
+    """Seconds of the offloaded optimizer step: every rank of a node steps its shard at the same
+    moment (the end of the step), and the CPU optimizer is bound by DRAM bandwidth (AVX512/AVX2 over
+    OpenMP threads, a few FLOPs per 28-42 bytes), so the ranks share the node's bandwidth:
+    ``params_per_rank x bytes_per_param x ranks_per_node / host_dram_bytes_per_s``.
+    ``benchmarks/cpu_adam.py`` checks it against DeepSpeed's CPU Adam with 1 and 2 processes."""
+    return params_per_rank * bytes_per_param * ranks_per_node / host_dram_bytes_per_s
+
+
 def _gpu(slug, name, mem_gib, bf16, fp16, fp32, link_gb, host_gb, frac=0.5, link_eff=0.8, overhead_gib=1.0,
-         hbm_gb=None, mamf=None, sms=None):
+         hbm_gb=None, mamf=None, sms=None, flash=None, sdpa=None):
     curve = None
     if hbm_gb is not None and mamf is not None:
         curve = roofline_curve(peak_tflops=bf16 if bf16 is not None else fp16, hbm_gbps=hbm_gb, mamf=mamf)
@@ -236,7 +431,8 @@ def _gpu(slug, name, mem_gib, bf16, fp16, fp32, link_gb, host_gb, frac=0.5, link
                host_bytes_per_s=host_gb * GB, achievable_fraction=frac, intra_node_efficiency=link_eff,
                overhead_bytes=int(overhead_gib * GiB),
                hbm_bytes_per_s=None if hbm_gb is None else hbm_gb * GB * HBM_SUSTAINED, gemm_efficiency=curve,
-               num_sms=sms)
+               num_sms=sms, flash_attention_efficiency=flash, sdpa_attention_efficiency=sdpa,
+               host_dram_bytes_per_s=NODE_HOST_DRAM.get(slug))
 
 
 # hbm_gb: datasheet bandwidth (GB/s); mamf: Bekman's MAMF table (ml-engineering, compute/accelerator,
@@ -244,18 +440,22 @@ def _gpu(slug, name, mem_gib, bf16, fp16, fp32, link_gb, host_gb, frac=0.5, link
 # MI300X 60.1%); where the table has no row (V100, A10, L40S, H100 PCIe) 0.75 is assumed.
 # sms: the A100's 108 SMs, the wave NVIDIA's Matrix Multiplication Background User's Guide
 # ("Wave quantization") counts with 256 x 128 tiles; the other GPUs' waves are not priced (None).
+# flash / sdpa: the attention curves of ATTENTION_BENCHMARKS (A100: FlashAttention-2 for both, torch's
+# SDPA runs its flash backend on sm80; H100/H200: FlashAttention-2, and cuDNN for SDPA on torch 2.11+).
 GPUS: dict[str, GPU] = {g.slug: g for g in (
     _gpu("v100-32gb", "NVIDIA V100 SXM2 32GB", 32, None, 125, 15.7, 150, 16, frac=0.45, hbm_gb=900, mamf=0.75),
     _gpu("a10", "NVIDIA A10 24GB", 22.5, 125, 125, 31.2, 32, 32, frac=0.4, link_eff=0.7, hbm_gb=600, mamf=0.75),
     _gpu("l40s", "NVIDIA L40S 48GB", 45, 362, 362, 91.6, 32, 32, frac=0.4, link_eff=0.7, hbm_gb=864, mamf=0.75),
     _gpu("a100-40gb", "NVIDIA A100 SXM4 40GB", 40, 312, 312, 19.5, 300, 32, frac=0.55, hbm_gb=1555, mamf=0.859,
-         sms=108),
+         sms=108, flash=_A100_FLASH),
     _gpu("a100-80gb", "NVIDIA A100 SXM4 80GB", 80, 312, 312, 19.5, 300, 32, frac=0.55, hbm_gb=2039, mamf=0.859,
-         sms=108),
-    _gpu("h100-sxm", "NVIDIA H100 SXM5 80GB", 79.6, 989, 989, 67, 450, 64, frac=0.45, hbm_gb=3350, mamf=0.801),
+         sms=108, flash=_A100_FLASH),
+    _gpu("h100-sxm", "NVIDIA H100 SXM5 80GB", 79.6, 989, 989, 67, 450, 64, frac=0.45, hbm_gb=3350, mamf=0.801,
+         flash=_H100_FLASH, sdpa=_H100_CUDNN),
     _gpu("h100-pcie", "NVIDIA H100 PCIe 80GB", 79.6, 756, 756, 51, 64, 64, frac=0.42, link_eff=0.7, hbm_gb=2000,
          mamf=0.75),
-    _gpu("h200", "NVIDIA H200 SXM 141GB", 140.4, 989, 989, 67, 450, 64, frac=0.47, hbm_gb=4800, mamf=0.803),
+    _gpu("h200", "NVIDIA H200 SXM 141GB", 140.4, 989, 989, 67, 450, 64, frac=0.47, hbm_gb=4800, mamf=0.803,
+         flash=_H100_FLASH, sdpa=_H100_CUDNN),
     _gpu("b200", "NVIDIA B200 180GB", 179, 2250, 2250, 80, 900, 64, frac=0.4, hbm_gb=8000, mamf=0.776),
     _gpu("mi250x", "AMD MI250X (one GCD)", 64, 191.5, 191.5, 47.9, 100, 32, frac=0.35, link_eff=0.7, hbm_gb=1638,
          mamf=0.767),
@@ -354,7 +554,7 @@ def default_interconnect(gpu_slug: str) -> str:
 _GPU_UNITS = {"memory_gib": ("memory_bytes", GiB), "overhead_gib": ("overhead_bytes", GiB), "bf16_tflops": ("bf16_flops", TFLOP),
               "fp16_tflops": ("fp16_flops", TFLOP), "fp32_tflops": ("fp32_flops", TFLOP),
               "intra_node_gbps": ("intra_node_bytes_per_s", GB), "host_gbps": ("host_bytes_per_s", GB),
-              "hbm_gbps": ("hbm_bytes_per_s", GB)}
+              "hbm_gbps": ("hbm_bytes_per_s", GB), "host_dram_gbps": ("host_dram_bytes_per_s", GB)}
 _NET_UNITS = {"node_gbps": ("node_bytes_per_s", GB)}
 
 
@@ -471,9 +671,6 @@ class Cluster:
     """Between nodes; None is allowed on one node (and means ``ib-ndr`` if used)."""
     host_memory_bytes: int | None = None
     """CPU memory per node (for offload); None if unknown."""
-    cpu_adam_params_per_s: float = 1e9
-    """Parameters per second one rank's CPU optimizer updates under optimizer offload (DeepSpeed's
-    CPU Adam, Ren et al. 2021, reports ~6x torch's CPU Adam; a rough input, override it)."""
 
     def __post_init__(self) -> None:
         for name in ("num_nodes", "gpus_per_node"):
@@ -489,6 +686,14 @@ class Cluster:
     @property
     def world_size(self) -> int:
         return self.num_nodes * self.gpus_per_node
+
+    @property
+    def host_dram_bytes_per_s(self) -> float:
+        """Sustained DRAM bandwidth of one node, shared by its ``gpus_per_node`` ranks' CPU
+        optimizer steps: the GPU entry's ``host_dram_bytes_per_s`` (its usual node; a ``--hardware``
+        file's ``host_dram_gbps``), else ``HOST_DRAM_FALLBACK_BYTES_PER_S``."""
+        own = self.gpu.host_dram_bytes_per_s
+        return HOST_DRAM_FALLBACK_BYTES_PER_S if own is None else own
 
     def to_dict(self) -> dict:
         return {"num_nodes": self.num_nodes, "gpus_per_node": self.gpus_per_node, "gpu": self.gpu.slug,

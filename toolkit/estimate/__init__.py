@@ -179,6 +179,9 @@ class _Facts:
     """One QKV projection (GPT-2's ``c_attn``) rather than three."""
     qk_norm: bool = False
     """RMSNorm over each head of q and k (Qwen3)."""
+    eager_keywords: tuple = ()
+    """The rest of what HF's layer code does eagerly, as (keyword, value) pairs of
+    ``timing.eager_elementwise_bytes_per_token`` (``ModelSpec.eager_keywords``)."""
 
 
 _CACHE: dict[int, tuple[Any, _Facts]] = {}
@@ -217,6 +220,7 @@ def _model_facts(model) -> _Facts:
             bias=model.ffn_hidden_size in model.layer_tensors,
             fused_qkv=h * (model.attention_width + 2 * model.num_kv_heads * model.head_dim) in model.layer_tensors,
             qk_norm=model.head_dim != h and model.head_dim in model.layer_tensors,
+            eager_keywords=tuple(model.eager_keywords().items()),
         )
     if len(_CACHE) > 256:
         _CACHE.clear()

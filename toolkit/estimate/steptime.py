@@ -11,11 +11,12 @@ step around it:
 - **memory-bound operators** (norms, activation, residual/dropout, rotary, softmax, the loss and
   the optimizer step) at the sustained HBM bandwidth (``timing.memory_seconds``);
 - **attention** by its kernel: eager (and SDPA's math path on CPU ranks) runs ``QK^T`` and ``AV``
-  as batched GEMMs of inner dimension ``head_dim`` and materialises the scores; FlashAttention
-  (``flash``, and ``sdpa`` on a GPU, which dispatches to it) skips the masked half of a causal
-  score matrix, never writes it, and recomputes it in backward (Dao 2023 §3.1: backward = 2.5x the
-  forward's FLOPs) at 75% of the GEMM rate (FlashAttention-2 reaches 50-73% of peak on A100,
-  Dao 2023 abstract, where dense GEMMs of that size reach ~80%);
+  as batched GEMMs of inner dimension ``head_dim`` and materialises the scores; a fused kernel
+  (``flash``: FlashAttention-2; ``sdpa`` on a GPU: what torch dispatches to, FlashAttention-2 or
+  cuDNN) skips the masked half of a causal score matrix, never writes it, and recomputes it in
+  backward (Dao 2023 §4.1: backward = 2.5x the forward's FLOPs), at the published causal
+  forward + backward rate for the GPU and sequence length (``GPU.attention_fraction``,
+  ``timing.flash_attention_forward_seconds``: 0.30 of an H100's peak at 8k for FlashAttention-2);
 - **recompute** as the forward it repeats: full = the whole layer's forward (and its TP
   collectives), selective = the attention scores (Korthikanti et al. 2022 §5; nothing under flash,
   which recomputes them itself);
@@ -53,10 +54,6 @@ import math
 
 from dstk.estimate import memory as mem
 from dstk.estimate import timing as tm
-
-FLASH_FRACTION = 0.75
-"""FlashAttention's rate relative to a dense GEMM of the same size (FlashAttention-2, Dao 2023:
-50-73% of A100's peak, where cuBLAS reaches ~80-86%, Bekman's MAMF table)."""
 
 WAVE_TILE = (256, 128)
 """Output tile of one thread block of a large 16-bit GEMM, one per SM at a time: the tile NVIDIA's
@@ -103,8 +100,8 @@ class LayerSeconds:
     elementwise: float
     """Norms, residuals, activation, rotary, forward."""
     flash: bool = False
-    """The attention kernel is FlashAttention: its backward recomputes the scores (2.5x the
-    forward's FLOPs, Dao 2023 §3.1), and there is nothing for selective recompute to repeat."""
+    """The attention kernel is a fused one (FlashAttention, cuDNN): its backward recomputes the scores
+    (2.5x the forward's FLOPs, Dao 2023 §4.1), and there is nothing for selective recompute to repeat."""
     column_gemm: float = 0.0
     """Seconds of the column-parallel layers' (QKV and MLP in) weight-gradient GEMMs, part of
     ``backward_gemm``, which Megatron overlaps with the TP collective of their input gradient
@@ -131,7 +128,7 @@ class LayerSeconds:
         gemm = 2.0 * self.gemm if self.backward_gemm is None else self.backward_gemm
         scores = 2.0 * self.scores_memory if self.backward_scores_memory is None else self.backward_scores_memory
         elementwise = 2.0 * self.elementwise if self.backward_elementwise is None else self.backward_elementwise
-        return gemm + scores + elementwise + (2.5 if self.flash else 2.0) * self.attention
+        return gemm + scores + elementwise + (tm.FLASH_BACKWARD_RATIO if self.flash else 2.0) * self.attention
 
     def recompute(self, mode: str) -> float:
         if mode == "full":
@@ -142,8 +139,9 @@ class LayerSeconds:
 
 
 def uses_flash(*, attention: str, gpu) -> bool:
-    """Whether the attention kernel is FlashAttention: ``flash``, or ``sdpa`` on a GPU (PyTorch's
-    SDPA picks FlashAttention-2 for 16-bit inputs on sm80+); CPU ranks run SDPA's math path."""
+    """Whether the attention kernel is a fused one: ``flash``, or ``sdpa`` on a GPU (PyTorch's SDPA
+    picks FlashAttention-2 for 16-bit inputs on sm80+, cuDNN first on sm90/sm100 with torch 2.11+:
+    ``GPU.sdpa_attention_efficiency``); CPU ranks run SDPA's math path."""
     return not gpu.is_cpu and (attention == "flash" or attention == "sdpa")
 
 
@@ -190,7 +188,8 @@ def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_byt
     score_flops = 4.0 * tokens * seq_len * q / tp
     scores = tokens * seq_len * (shape.heads / tp)
     if uses_flash(attention=attention, gpu=gpu):
-        attn = 0.5 * score_flops / (peak_flops * FLASH_FRACTION * gpu.gemm_fraction(seq_len))
+        attn = tm.flash_attention_forward_seconds(tokens=tokens, seq_len=seq_len, q_width=q / tp, peak_flops=peak_flops,
+                                                  fraction=gpu.attention_fraction(kernel=attention, seq_len=seq_len))
         scores_memory = backward_scores = 0.0
     else:
         attn = score_flops / (peak_flops * gpu.gemm_fraction(facts.head_dim))
@@ -206,7 +205,7 @@ def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_byt
             hidden=h, q_width=q / tp, kv_width=kv / tp, ffn=f / tp, head_dim=facts.head_dim, act_bytes=w, sp=sp,
             norm="rmsnorm" if shape.rmsnorm else "layernorm", activation=facts.activation, gated=gated,
             rotary=facts.rotary, dropout=shape.dropout, bias=facts.bias, fused_qkv=facts.fused_qkv,
-            qk_norm=facts.qk_norm)
+            qk_norm=facts.qk_norm, **dict(facts.eager_keywords))
         per_token = eager.forward
         backward_elementwise = tm.memory_seconds(nbytes=eager.backward * tokens, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
     elementwise = tm.memory_seconds(nbytes=per_token * tokens, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
@@ -1246,8 +1245,14 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
     shard = worst_params / (dp if layout.zero_stage else 1)
     optimizer_seconds = 0.0
     if layout.offload_optimizer != "none" or layout.offload_params != "none":
-        # fp32 gradients down, bf16 parameters up over PCIe, and the CPU optimizer's update.
-        offload_seconds = (4 + w) * shard / gpu.host_bytes_per_s + shard / cluster.cpu_adam_params_per_s
+        # fp32 gradients down, bf16 parameters up over PCIe, and the CPU optimizer's update, all the
+        # node's ranks at once on its DRAM bandwidth (``dstk.hardware.host_optimizer_seconds``).
+        from dstk import hardware as hw
+        offload_seconds = (4 + w) * shard / gpu.host_bytes_per_s + hw.host_optimizer_seconds(
+            params_per_rank=shard, ranks_per_node=cluster.gpus_per_node,
+            host_dram_bytes_per_s=cluster.host_dram_bytes_per_s,
+            bytes_per_param=hw.host_optimizer_bytes_per_param(optimizer=training.optimizer,
+                                                              precision=training.precision))
         if layout.offload_params != "none":
             offload_seconds += m * 2 * gathered_bytes / gpu.host_bytes_per_s  # LoRA: the frozen base too
     else:

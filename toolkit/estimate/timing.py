@@ -22,6 +22,24 @@ def attention_forward_flops_per_token(*, num_layers: int, seq_len: int, attentio
     return 4.0 * num_layers * seq_len * attention_width
 
 
+FLASH_BACKWARD_RATIO = 2.5
+"""A fused attention kernel's backward FLOPs over its forward's: 5 matrix multiplies against 2, the
+scores recomputed (Dao 2023 §4.1; Shah et al. 2024 §4.1 count the same)."""
+
+
+def flash_attention_forward_seconds(*, tokens: float, seq_len: float, q_width: float, peak_flops: float,
+                                    fraction: float) -> float:
+    """Forward of a fused causal attention kernel (FlashAttention-2, cuDNN) over ``tokens`` tokens of
+    ``seq_len``-long sequences with ``q_width = heads x head_dim`` on this GPU: ``QK^T`` and ``PV``
+    are ``4 T s q`` FLOPs, of which the kernel runs the unmasked half, ``2 T s q`` (Dao 2023 §4.1
+    counts a causal forward as ``4 s^2 d h / 2``; whole blocks above the diagonal are skipped, §3.1.1),
+    at ``fraction`` of ``peak_flops`` (``GPU.attention_fraction``: the published causal forward +
+    backward rate, FLOPs counted the same way). The backward is ``FLASH_BACKWARD_RATIO`` times this.
+    Model FLOPs (MFU) keep the unhalved ``4 T s q``, as PaLM and Megatron count them
+    (``forward_flops_per_token``)."""
+    return 2.0 * tokens * seq_len * q_width / (peak_flops * fraction)
+
+
 def training_flops(*, forward: float, attention_forward: float, recompute: str) -> tuple[float, float]:
     """(model FLOPs, hardware FLOPs) per token: backward costs twice the forward (``3x`` in all);
     full recompute runs the forward again (``4x``, Narayanan et al. 2021 Eq. 3 counts this
@@ -103,17 +121,26 @@ class EagerBytes:
 # aten ops (pow, mul, add, mul, tanh, add, mul, mul: 18 w) whose autograd backward runs eleven
 # (28 w); silu, gelu, gelu_pytorch_tanh and relu are one aten kernel each way (read x, write y:
 # 2 w; read dy and x, write dx: 3 w).
-_EAGER_ACTIVATION = {"gelu_new": (18, 28)}
+# BLOOM's ``bloom_gelu`` (``GeLUFunction``) writes the same tanh formula as nine ops (three
+# scalar products 2 w, three tensor products 3 w, two scalar adds 2 w, tanh 2 w: 21 w) and its
+# hand-written backward recomputes tanh and the derivative in 17 more (44 w).
+_EAGER_ACTIVATION = {"gelu_new": (18, 28), "bloom_gelu": (21, 44)}
 
 
 def eager_elementwise_bytes_per_token(*, hidden: int, q_width: float, kv_width: float, ffn: float, head_dim: int,
                                       act_bytes: int, sp: int = 1, norm: str, activation: str, gated: bool,
                                       rotary: bool, dropout: bool, bias: bool = False, fused_qkv: bool = False,
-                                      qk_norm: bool = False) -> EagerBytes:
+                                      qk_norm: bool = False, norm_weight_fp32: bool = False, qkv_bias: bool = False,
+                                      o_bias: bool = False, qkv_split: str = "split", fused_gate_up: bool = False,
+                                      rotary_fraction: float = 1.0, rotary_cat: bool = False, q_scale: bool = False,
+                                      experts_per_token: int = 0, num_norms: int = 2,
+                                      heads_reshaped: bool = False) -> EagerBytes:
     """Bytes per token of one layer's non-GEMM, non-attention operators as HF transformers' modeling
     code runs them eagerly (the ``deepspeed`` engine), counted aten op by aten op from the installed
     transformers 5.x code (``LlamaRMSNorm``, ``apply_rotary_pos_emb``/``rotate_half``,
-    ``LlamaMLP``, ``GPT2Block``/``GPT2MLP``, ``NewGELUActivation``) and its autograd backward, each op
+    ``LlamaMLP``, ``GPT2Block``/``GPT2MLP``, ``NewGELUActivation``; ``GemmaRMSNorm``,
+    ``Phi3Attention``/``Phi3MLP``, ``GPTNeoXAttention``, ``OPTAttention``, ``MixtralSparseMoeBlock``
+    with ``integrations.moe.grouped_mm_experts_forward``) and its autograd backward, each op
     reading its inputs and writing its output (``benchmarks/eager_bytes.py`` measures the same
     under a ``TorchDispatchMode``). Widths already divided by TP (``sp``: the TP degree under
     sequence parallelism, else 1); ``w`` = ``act_bytes``, fp32 intermediates 4 bytes; ``c = w + 4``
@@ -121,57 +148,127 @@ def eager_elementwise_bytes_per_token(*, hidden: int, q_width: float, kv_width: 
 
     - RMSNorm (``hidden.to(fp32)``, ``pow(2)``, ``mean``, ``* rsqrt``, ``.to(w)``, ``weight *``):
       forward ``2c + 20 + 2w``; backward ``2c + 68 + 6w`` (weight gradient ``3w + w``, the fp32
-      chain ``pow``/``mean``/``rsqrt``/``mul`` reversed). LayerNorm (one ``native_layer_norm``
-      kernel): forward ``2w``, backward ``3w``. Two per layer over ``h``, QK-norm (Qwen3) over
-      ``q + kv``.
-    - Residual adds, two: ``3w h`` each way. In backward the input gradients of projections that
-      share an input add up: ``3w h`` per extra consumer (q/k/v separate: 2; gate and up: 1);
-      a fused QKV projection instead concatenates their gradients (``2w (q + 2kv)``).
+      chain ``pow``/``mean``/``rsqrt``/``mul`` reversed). ``norm_weight_fp32`` (Gemma's
+      ``output * (1 + weight.float())`` before the cast back): the weight product in fp32,
+      ``8`` forward and ``24`` backward instead of ``2w`` and ``6w``. LayerNorm (one
+      ``native_layer_norm`` kernel): forward ``2w``, backward ``3w``. ``num_norms`` per layer over
+      ``h`` (two; Falcon-7B's parallel block one), QK-norm (Qwen3) over ``q + kv``.
+    - Residual adds, two: ``3w h`` each way (a parallel residual, GPT-NeoX/Falcon, adds as many).
+      In backward the input gradients of projections that share an input add up: ``3w h`` per
+      extra consumer (q/k/v separate: 2; gate and up: 1; MoE router and experts: 1). A fused QKV
+      projection instead joins its three gradients: ``qkv_split="split"`` (GPT-2's ``.split``:
+      one ``cat``, ``2w (q + 2kv)``), ``"view"`` (GPT-NeoX's per-head ``view`` + ``chunk``: ``cat``
+      and the ``clone`` back to token-major, ``4w (q + 2kv)``), ``"slice"`` (Phi-3's slices,
+      three ``slice_backward`` over the whole width and two adds, ``11w (q + 2kv)``), ``"select"``
+      (BLOOM's and Falcon's per-head ``view`` + ``select``: the same with ``select_backward``, and
+      no rotary ``clone``), ``"index"`` (Falcon-7B: k and v picked by an index list, copies ``4w kv``
+      forward; backward each a ``new_zeros`` + ``index_put`` over the width, the q
+      ``slice_backward`` and two adds, ``13w (q + 2kv) + 2w kv + 2w q``), ``"grouped"`` (Falcon's new
+      decoder: as ``"index"``, then k and v broadcast to every query head and copied by
+      ``flatten``, ``2w (q + kv)`` each way, and q copied ``2w q``; rotary then runs on a k as wide
+      as q); a fused
+      ``gate_up_proj`` (``fused_gate_up``, Phi-3) concatenates instead of adding: ``4w f``.
     - Residual dropout, two (CUDA's fused ``native_dropout``: x in, y and a 1-byte mask out):
       ``(2w + 1) h`` forward, ``(2w + 1) h`` backward (gradient and mask in, gradient out).
-    - Rotary on q and k (``q * cos + rotate_half(q) * sin``: mul, neg, cat, mul, add): forward
-      ``10w``; backward ``17w``: mul, neg, two ``slice_backward`` (zero-fill, then copy the half:
-      ``2w`` each), add, mul, add, and the ``clone`` that makes the gradient contiguous for the
-      projection's ``view``; plus ``w head_dim`` per ``cos``/``sin`` read (four each way).
+    - Rotary on the rotated part ``R = rotary_fraction (q + kv)`` of q and k (``q * cos +
+      rotate_half(q) * sin``: mul, neg, cat, mul, add): forward ``10w R``; backward ``15w R``: mul,
+      neg, two ``slice_backward`` (zero-fill, then copy the half: ``2w`` each), add, mul, add;
+      plus the ``clone`` that makes the q and k gradients contiguous for the projection's ``view``
+      (``2w (q + kv)``; none under ``qkv_split="view"``, whose clone is the fused one); plus
+      ``w head_dim`` per ``cos``/``sin`` read (four each way). ``rotary_cat`` (GPT-NeoX, Phi-3:
+      ``cat((q_rot, q_pass))``, even when the pass part is empty): forward the ``cat``
+      ``2w (q + kv)`` and the attention output's ``clone`` ``2w q`` (its layout follows the
+      concatenated q); backward two ``slice_backward`` (``w (q + kv) + 2w`` per copied element; the
+      rotated one is skipped when R is the whole width) and their ``add`` ``3w (q + kv)``.
+    - ``q_scale`` (OPT's ``q_proj(x) * scaling``): ``2w q`` each way.
+    - ``heads_reshaped`` (BLOOM's eager ``baddbmm`` attention): q, k, v reshaped to
+      ``(batch x heads, s, d)`` and the output merged back, copies ``2w (q + 2kv) + 2w q`` forward;
+      backward the ``alpha`` scaling of both score-GEMM input gradients ``2w (q + kv)`` and the k
+      gradient's copy ``2w kv``. Its scores (mask add, fp32 softmax) are attention's.
     - MLP activation over ``f``: gated ``act(gate) * up``: activation plus ``3w`` forward,
       activation backward plus two products ``6w``; ``_EAGER_ACTIVATION`` for the activation.
+    - MoE (``experts_per_token`` = k > 0; ``ffn`` = k x the expert width; transformers'
+      default ``grouped_mm`` experts, whose cost does not depend on how the tokens are routed):
+      the gathered copies ``2k w h`` forward (each row read and written k times); the routing-weight
+      product promotes to fp32 (``(w + 4) k h``), the inverse permutation (``index``, ``8 k h``),
+      the sum over k (``(4k + 4) h``) and the cast back (``(4 + w) h``). Backward: the cast
+      ``(4 + w) h``, the sum's expanded ``clone`` ``(4 + 4k) h`` (none for k = 1), the permutation's ``new_zeros``
+      + ``index_put`` ``16 k h``, the weight product's input gradient ``8 k h`` and its cast
+      ``(4 + w) k h``, the routing-weight gradient ``(12 + w) k h``, the ``chunk`` of
+      ``gate_up_proj`` ``4w f``, the gather's ``new_zeros`` + ``index_put`` ``(3 + k) w h``, and the
+      router/experts input-gradient add ``3w h``. The router's softmax/topk/sort over the experts
+      (tens of bytes per token) is not counted.
     - Bias gradients (``bias``): a ``sum`` over the tokens reading ``w`` per output element of
-      the four projections.
+      the four projections (and the MLP's); ``qkv_bias`` (Qwen2) over ``q + 2kv`` alone, ``o_bias``
+      over ``h``.
 
     Not counted: the GEMMs (priced by FLOPs), the attention kernel (SDPA/flash, priced
-    separately), views, the ``cos``/``sin`` tables (once per model), MoE routing."""
+    separately), views, the ``cos``/``sin`` tables (once per model), the router's own ops."""
     w, f32 = act_bytes, 4
     c = (w + f32) if w < f32 else 0
     h = hidden / sp
     qk = q_width + kv_width
+    qkv = q_width + 2 * kv_width
     if norm == "rmsnorm":
-        norm_fwd, norm_bwd = 2 * c + 20 + 2 * w, 2 * c + 68 + 6 * w
+        weight_fwd, weight_bwd = (2 * f32, 6 * f32) if norm_weight_fp32 else (2 * w, 6 * w)
+        norm_fwd, norm_bwd = 2 * c + 20 + weight_fwd, 2 * c + 68 + weight_bwd
     else:
         norm_fwd, norm_bwd = 2 * w, 3 * w
     act_fwd, act_bwd = _EAGER_ACTIVATION.get(activation, (2, 3))
-    forward = 2 * norm_fwd * h + 2 * 3 * w * h
-    backward = 2 * norm_bwd * h + 2 * 3 * w * h
+    forward = num_norms * norm_fwd * h + 2 * 3 * w * h
+    backward = num_norms * norm_bwd * h + 2 * 3 * w * h
     if qk_norm:
         forward += norm_fwd * qk
         backward += norm_bwd * qk
     if fused_qkv:
-        backward += 2 * w * (q_width + 2 * kv_width)
+        backward += {"split": 2, "view": 4, "slice": 11, "select": 11, "index": 13, "grouped": 13}[qkv_split] * w * qkv
+        if qkv_split in ("index", "grouped"):
+            forward += 4 * w * kv_width
+            backward += 2 * w * kv_width + 2 * w * q_width
+        if qkv_split == "grouped":
+            forward += 2 * w * q_width + 2 * w * (q_width + kv_width)
+            backward += 2 * w * (q_width + kv_width)
     else:
         backward += 2 * 3 * w * h
     if dropout:
         forward += 2 * (2 * w + 1) * h
         backward += 2 * (2 * w + 1) * h
     if rotary:
-        forward += 10 * w * qk + 4 * w * head_dim
-        backward += 17 * w * qk + 4 * w * head_dim
+        if fused_qkv and qkv_split == "grouped":  # k already broadcast to the query heads
+            qk = 2 * q_width
+        rotated = rotary_fraction * qk
+        forward += 10 * w * rotated + 4 * w * head_dim * rotary_fraction
+        backward += 15 * w * rotated + 4 * w * head_dim * rotary_fraction
+        if not (fused_qkv and qkv_split in ("view", "select", "index", "grouped")):
+            backward += 2 * w * qk
+        if rotary_cat:
+            forward += 2 * w * qk + 2 * w * q_width
+            backward += w * qk + 2 * w * (qk - rotated) + 3 * w * qk
+            if rotated < qk:
+                backward += w * qk + 2 * w * rotated
+    if q_scale:
+        forward += 2 * w * q_width
+        backward += 2 * w * q_width
+    if heads_reshaped:
+        forward += 2 * w * qkv + 2 * w * q_width
+        backward += 2 * w * (q_width + kv_width) + 2 * w * kv_width
     if gated:
         forward += (act_fwd + 3) * w * ffn
-        backward += (act_bwd + 6) * w * ffn + 3 * w * h
+        backward += (act_bwd + 6) * w * ffn
+        backward += 4 * w * ffn if (fused_gate_up or experts_per_token) else 0
+        backward += 3 * w * h if not fused_gate_up else 0
     else:
         forward += act_fwd * w * ffn
         backward += act_bwd * w * ffn
+    if experts_per_token:
+        k = experts_per_token
+        forward += 2 * k * w * h + (w + f32) * k * h + 8 * k * h + (4 * k + 4) * h + (f32 + w) * h
+        backward += ((f32 + w) * h + ((4 + 4 * k) * h if k > 1 else 0) + 16 * k * h + 8 * k * h
+                     + (f32 + w) * k * h + (12 + w) * k * h + (3 + k) * w * h)
     if bias:
-        backward += w * (q_width + 2 * kv_width + 2 * hidden + (2 if gated else 1) * ffn)
+        backward += w * (qkv + 2 * hidden + (2 if gated else 1) * ffn)
+    else:
+        backward += w * (qkv * qkv_bias + hidden * o_bias)
     return EagerBytes(forward=float(forward), backward=float(backward))
 
 
