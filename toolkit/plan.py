@@ -855,6 +855,7 @@ def resolve(intent) -> Context:
     if precision != intent.training.precision:
         intent = dc.replace(intent, training=dc.replace(intent.training, precision=precision))
     training = intent.training.to_training()
+    check_attention(attention=training.attention, precision=training.precision, gpu=gpu)
     max_zero = 3
     if training.lora is not None:
         intent, max_zero = _lora_constraints(intent, family=spec.family)
@@ -967,6 +968,26 @@ def choose_precision(*, requested: str | None, gpu: Any) -> tuple[str, str]:
         return "bf16", f"precision bf16 (the default): {gpu.name} has bf16, which needs no loss scaling"
     return "fp16", (f"precision fp16 (the default): {gpu.name} has no bf16, so fp16 with dynamic loss "
                     f"scaling; --precision fp32 for full precision")
+
+
+def check_attention(*, attention: str, precision: str, gpu: Any) -> None:
+    """Refuse FlashAttention where it cannot run, as ``flash_attn`` would at the first step.
+    FlashAttention-2 (its README): NVIDIA Ampere, Ada or Hopper (sm80+: in dstk's catalog, the GPUs
+    with bf16), AMD MI200/MI300 (its ROCm build), fp16 and bf16 only; never a CPU rank."""
+    from dstk.errors import DstkError
+
+    if attention != "flash":
+        return
+    if gpu.is_cpu:
+        raise DstkError("training.attention: flash on CPU ranks: FlashAttention runs on GPUs only",
+                        hint="use --attention sdpa (torch's own CPU kernel) or eager")
+    if gpu.bf16_flops is None:
+        raise DstkError(f"training.attention: flash on {gpu.name}: FlashAttention-2 needs an NVIDIA Ampere, Ada "
+                        "or Hopper GPU (or AMD MI200/MI300)",
+                        hint="use --attention sdpa (torch picks its memory-efficient kernel there) or eager")
+    if precision == "fp32":
+        raise DstkError("training.attention: flash with fp32: FlashAttention-2 takes fp16 and bf16 only",
+                        hint="train in bf16 (--precision bf16), or use --attention sdpa for fp32")
 
 
 def _spec_value(spec: Any, *names: str) -> Any:

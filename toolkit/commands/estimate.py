@@ -474,12 +474,13 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--gpus N is required (or give --intent FILE)", hint="e.g. --gpus 8")
         model = model_from_args(args)
         cluster = cluster_from_args(args)
-        from dstk.plan import choose_precision
+        from dstk.plan import check_attention, choose_precision
 
         # `dstk plan`'s rule and message: bf16 refused where the GPU has none; unset: bf16, else fp16
         args = argparse.Namespace(**{**vars(args), "precision": choose_precision(requested=args.precision,
                                                                                   gpu=cluster.gpu)[0]})
         layout, training = layout_and_training(args, model)
+        check_attention(attention=training.attention, precision=training.precision, gpu=cluster.gpu)
     training = _with_lora(args, training=training, layout=layout, model=model)
     est = estimate(model=model, layout=layout, training=training, cluster=cluster, buffers=buffers)
     if args.format == "json":
