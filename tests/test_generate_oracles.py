@@ -98,7 +98,7 @@ def megatron_config(args: list[str]):
         fp16="--fp16" in opts,
         params_dtype=dtype,
         pipeline_dtype=dtype if kwargs.get("pipeline_model_parallel_size", 1) > 1 else None,
-        gated_linear_unit="--swiglu" in opts,
+        gated_linear_unit="--swiglu" in opts or "--quick-geglu" in opts,
         add_bias_linear="--disable-bias-linear" not in opts,
         normalization=opts.get("--normalization", "LayerNorm"),
     )
