@@ -2,12 +2,14 @@
 # The GPU check of issue 11 in one command: set-up, `dstk doctor --calibrate` (GEMM sweep, HBM
 # bandwidth, layer and step floors; one GPU, so no all-reduce figure), then a ~1B Llama under
 # DeepSpeed ZeRO 0/3 with and without recompute (benchmarks/estimate_gpu.py), predicted with the
-# catalog's figures and with the calibrated profile next to the measured memory and step time.
+# catalog's figures and with the calibrated profile next to the measured memory and step time; then
+# causal attention forward + backward by SDPA backend and sequence length next to the catalog's
+# attention curves (benchmarks/attention_gpu.py).
 #
 #   here, once (downloads the wheels the device image lacks into build/gpu-wheels, ~5 MB):
 #       bash benchmarks/gpu_check.sh --prepare
-#   on the device (the lead's call; expected 3-5 minutes on an H200, not run yet; at most 8 with
-#   every stage at its timeout, 90 + 150 + 210 + 30 s):
+#   on the device (the lead's call; expected 3-5 minutes on an H200, not run yet; at most 9.5 with
+#   every stage at its timeout, 90 + 150 + 210 + 90 + 30 s):
 #       run(command="bash benchmarks/gpu_check.sh", carry=["build/gpu-wheels"], timeout_s=600)
 #   here, the same stages on CPU ranks (gloo) with a tiny Llama (tests/test_gpu_check.py):
 #       bash benchmarks/gpu_check.sh --cpu-smoke [--out DIR]
@@ -129,12 +131,16 @@ if [ "$MODE" = smoke ]; then
     T_SETUP="${GPU_CHECK_SETUP_S:-120}" T_CAL="${GPU_CHECK_CALIBRATE_S:-240}" T_EST="${GPU_CHECK_ESTIMATE_S:-180}"
     CAL_ARGS=(--quick --gpu cpu)
     EST_ARGS=(--cpu-smoke)
+    ATT_ARGS=(--cpu-smoke)
+    T_ATT="${GPU_CHECK_ATTENTION_S:-60}"
 else
     PY="${PY:-python3}"
     OUT_DIR="${OUT_DIR:-$ROOT/out/gpu-check}"
     T_SETUP="${GPU_CHECK_SETUP_S:-90}" T_CAL="${GPU_CHECK_CALIBRATE_S:-150}" T_EST="${GPU_CHECK_ESTIMATE_S:-210}"
     CAL_ARGS=(${GPU_CHECK_GPU:+--gpu "$GPU_CHECK_GPU"})
     EST_ARGS=(${GPU_CHECK_GPU:+--gpu "$GPU_CHECK_GPU"})
+    ATT_ARGS=(${GPU_CHECK_GPU:+--gpu "$GPU_CHECK_GPU"})
+    T_ATT="${GPU_CHECK_ATTENTION_S:-90}"
 fi
 T_SUMMARY="${GPU_CHECK_SUMMARY_S:-30}"
 mkdir -p "$OUT_DIR"
@@ -195,6 +201,8 @@ else
     [ -f "$OUT_DIR/hardware.yaml" ] && { echo "--- the profile ($OUT_DIR/hardware.yaml):"; cat "$OUT_DIR/hardware.yaml"; }
     stage estimate "$T_EST" - "$PY" "$ROOT/benchmarks/estimate_gpu.py" "${EST_ARGS[@]}" "${HW_ARGS[@]}" \
         --json "$OUT_DIR/estimate_gpu.json" || status=1
+    stage attention "$T_ATT" - "$PY" "$ROOT/benchmarks/attention_gpu.py" "${ATT_ARGS[@]}" \
+        --json "$OUT_DIR/attention_gpu.jsonl" || status=1
 fi
 stage summary "$T_SUMMARY" - "$PY" "$ROOT/benchmarks/estimate_gpu.py" --summary "$OUT_DIR" --work "$WORK" \
     --status "$status" || status=1

@@ -48,14 +48,18 @@ def smoke(tmp_path_factory) -> dict:
 @pytest.mark.distributed
 def test_cpu_smoke_runs_every_stage_and_keeps_the_figures(smoke):
     out, summary, stdout = smoke["out"], smoke["summary"], smoke["stdout"]
-    assert sorted(p.name for p in out.iterdir()) == ["calibrate.json", "estimate_gpu.json", "gpu_check.json",
-                                                      "gpu_check.log", "hardware.yaml"]
+    assert sorted(p.name for p in out.iterdir()) == ["attention_gpu.jsonl", "calibrate.json", "estimate_gpu.json",
+                                                      "gpu_check.json", "gpu_check.log", "hardware.yaml"]
     # Every stage ran under its timeout and said how long it took.
     stages = summary["stages"]
-    assert [s["name"] for s in stages] == ["setup", "calibrate", "estimate"] and summary["status"] == 0
+    assert [s["name"] for s in stages] == ["setup", "calibrate", "estimate", "attention"] and summary["status"] == 0
     assert all(s["rc"] == 0 and 0 < s["seconds"] < s["limit_s"] for s in stages), stages
-    for name in ("setup", "calibrate", "estimate", "summary"):
+    for name in ("setup", "calibrate", "estimate", "attention", "summary"):
         assert f"=== stage {name}: ok, " in stdout
+    # attention: one measured line per sequence length, with dstk's prediction beside it
+    attention = [json.loads(line) for line in (out / "attention_gpu.jsonl").read_text().splitlines()]
+    assert [a["seq_len"] for a in attention] == [64, 128] and all(a["tflops"] > 0 for a in attention)
+    assert all(0 < a["predicted_sdpa"] <= 1 for a in attention)
     # The log holds what was printed; the repo ran from the copy the set-up installed.
     assert (out / "gpu_check.log").read_text() == stdout
     setup = summary["setup"]
