@@ -58,10 +58,12 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
         rotary=not cfg.get("alibi", False), dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
         embedding_tensors=(vocab * h,), layer_tensors=layer, final_tensors=norm(h, bias=True),
         lm_head_tensors=() if tied else linear(h, vocab, False), hf_config=dict(cfg),
-        # FalconAttention._split_heads: the new decoder picks k/v by index and broadcasts them to
-        # the query heads (copied by flatten); multi-query picks them by index; otherwise q/k/v
-        # are selected out of a per-head view, as BLOOM's.
-        eager=EagerLayer(qkv_split="grouped" if new_arch else ("index" if multi_query else "select"), num_norms=norms),
+        # FalconAttention.forward as transformers 5.25 rewrote it: the new decoder slices q out of a
+        # per-KV-group view and selects k/v; multi-query splits the heads; classic Falcon unbinds
+        # per-head (q, k, v) triples. FalconModel always builds the causal mask, so SDPA gets one
+        # and k/v are repeated to the query heads (repeat_kv) wherever there are fewer of them.
+        eager=EagerLayer(qkv_split="group_select" if new_arch else ("split" if multi_query else "unbind"),
+                         num_norms=norms, kv_repeated=True),
     )
 
 

@@ -37,10 +37,10 @@ class EagerLayer:
     o_bias: bool = False
     """A bias on the attention output projection only."""
     qkv_split: str = "split"
-    """How a fused QKV output is cut: ``split`` (GPT-2), ``view`` (per-head view + chunk:
-    GPT-NeoX), ``slice`` (Phi-3), ``select`` (per-head view + select: BLOOM, Falcon),
-    ``index`` (Falcon-7B's multi-query), ``grouped`` (Falcon's new decoder: k/v broadcast to the
-    query heads)."""
+    """How a fused QKV output is cut: ``split`` (GPT-2, Falcon-7B's multi-query), ``unbind``
+    (classic Falcon), ``view`` (per-head view + chunk: GPT-NeoX), ``slice`` (Phi-3), ``select``
+    (per-head view + select: BLOOM), ``group_select`` (Falcon's new decoder: per-KV-group view,
+    q sliced, k/v selected)."""
     fused_gate_up: bool = False
     """One ``gate_up_proj`` whose output is chunked (Phi-3)."""
     rotary_fraction: float = 1.0
@@ -53,10 +53,12 @@ class EagerLayer:
     """Norms over ``h`` per layer (Falcon-7B's parallel block: one)."""
     heads_reshaped: bool = False
     """q, k, v copied to ``(batch x heads, s, d)`` for an eager ``baddbmm`` attention (BLOOM)."""
+    kv_repeated: bool = False
+    """k/v repeated to the query heads by ``repeat_kv`` before SDPA (Falcon: SDPA gets a mask)."""
 
     def __post_init__(self) -> None:
-        if self.qkv_split not in ("split", "view", "slice", "select", "index", "grouped"):
-            raise ValueError(f"qkv_split: expected split, view, slice, select, index or grouped, "
+        if self.qkv_split not in ("split", "unbind", "view", "slice", "select", "group_select"):
+            raise ValueError(f"qkv_split: expected split, unbind, view, slice, select or group_select, "
                              f"got {self.qkv_split!r}")
         if not 0.0 < self.rotary_fraction <= 1.0:
             raise ValueError(f"rotary_fraction: expected a share in (0, 1], got {self.rotary_fraction!r}")

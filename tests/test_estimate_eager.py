@@ -55,9 +55,9 @@ def test_formula_equals_the_dispatch_count(label):
     ``cos``/``sin`` tables read once per batch, per-token scalars, the MoE router's own ops), and
     the fused formula is below it."""
     if label.startswith("falcon") and not _falcon_code_the_formula_describes():
-        pytest.skip("this transformers rewrote FalconAttention (5.25: Llama-style view/split/unbind, no "
-                    "_split_heads); the formula's Falcon terms count transformers 5.24's code, and 5.25's layer "
-                    "moves 21-29% fewer bytes (benchmarks/eager_bytes.py --family falcon)")
+        pytest.skip("this transformers has the FalconAttention of <= 5.24 (_split_heads: k/v picked by index, "
+                    "broadcast and copied before rotary); the formula's Falcon terms count 5.25's rewrite "
+                    "(Llama-style view/split/unbind), which CI installs")
     bench, case, measured = _case(label)
     eager, fused = bench.formula(case)
     assert eager == pytest.approx(measured, rel=0.006)
@@ -65,11 +65,12 @@ def test_formula_equals_the_dispatch_count(label):
 
 
 def _falcon_code_the_formula_describes() -> bool:
-    """True while transformers' Falcon attention is the code the formula's ``qkv_split`` styles
-    ``grouped``/``index``/``select`` count (``FalconAttention._split_heads``, transformers <= 5.24)."""
+    """True when transformers' Falcon attention is the code the formula's ``qkv_split`` styles
+    ``group_select``/``split``/``unbind`` and ``kv_repeated`` count: transformers 5.25's rewrite,
+    which dropped ``FalconAttention._split_heads`` (the <= 5.24 code)."""
     from transformers.models.falcon import modeling_falcon
 
-    return hasattr(modeling_falcon.FalconAttention, "_split_heads")
+    return not hasattr(modeling_falcon.FalconAttention, "_split_heads")
 
 
 @pytest.mark.parametrize("label", ["qwen2 h=256 kv=64 (QKV bias)", "gemma h=256 kv=64 (GeGLU)",

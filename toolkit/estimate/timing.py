@@ -134,13 +134,14 @@ def eager_elementwise_bytes_per_token(*, hidden: int, q_width: float, kv_width: 
                                       o_bias: bool = False, qkv_split: str = "split", fused_gate_up: bool = False,
                                       rotary_fraction: float = 1.0, rotary_cat: bool = False, q_scale: bool = False,
                                       experts_per_token: int = 0, num_norms: int = 2,
-                                      heads_reshaped: bool = False) -> EagerBytes:
+                                      heads_reshaped: bool = False, kv_repeated: bool = False) -> EagerBytes:
     """Bytes per token of one layer's non-GEMM, non-attention operators as HF transformers' modeling
     code runs them eagerly (the ``deepspeed`` engine), counted aten op by aten op from the installed
     transformers 5.x code (``LlamaRMSNorm``, ``apply_rotary_pos_emb``/``rotate_half``,
     ``LlamaMLP``, ``GPT2Block``/``GPT2MLP``, ``NewGELUActivation``; ``GemmaRMSNorm``,
     ``Phi3Attention``/``Phi3MLP``, ``GPTNeoXAttention``, ``OPTAttention``, ``MixtralSparseMoeBlock``
-    with ``integrations.moe.grouped_mm_experts_forward``) and its autograd backward, each op
+    with ``integrations.moe.grouped_mm_experts_forward``; ``FalconAttention`` as transformers 5.25
+    rewrote it, Llama-style) and its autograd backward, each op
     reading its inputs and writing its output (``benchmarks/eager_bytes.py`` measures the same
     under a ``TorchDispatchMode``). Widths already divided by TP (``sp``: the TP degree under
     sequence parallelism, else 1); ``w`` = ``act_bytes``, fp32 intermediates 4 bytes; ``c = w + 4``
@@ -156,17 +157,22 @@ def eager_elementwise_bytes_per_token(*, hidden: int, q_width: float, kv_width: 
     - Residual adds, two: ``3w h`` each way (a parallel residual, GPT-NeoX/Falcon, adds as many).
       In backward the input gradients of projections that share an input add up: ``3w h`` per
       extra consumer (q/k/v separate: 2; gate and up: 1; MoE router and experts: 1). A fused QKV
-      projection instead joins its three gradients: ``qkv_split="split"`` (GPT-2's ``.split``:
-      one ``cat``, ``2w (q + 2kv)``), ``"view"`` (GPT-NeoX's per-head ``view`` + ``chunk``: ``cat``
+      projection instead joins its three gradients: ``qkv_split="split"`` (GPT-2's ``.split``,
+      Falcon-7B's multi-query ``.split([heads, 1, 1], dim=-2)``: one ``cat``, ``2w (q + 2kv)``),
+      ``"unbind"`` (classic Falcon's ``unflatten(-2, (heads, 3)).unbind(-2)``: one ``stack``, the
+      same ``2w (q + 2kv)``), ``"view"`` (GPT-NeoX's per-head ``view`` + ``chunk``: ``cat``
       and the ``clone`` back to token-major, ``4w (q + 2kv)``), ``"slice"`` (Phi-3's slices,
       three ``slice_backward`` over the whole width and two adds, ``11w (q + 2kv)``), ``"select"``
-      (BLOOM's and Falcon's per-head ``view`` + ``select``: the same with ``select_backward``, and
-      no rotary ``clone``), ``"index"`` (Falcon-7B: k and v picked by an index list, copies ``4w kv``
-      forward; backward each a ``new_zeros`` + ``index_put`` over the width, the q
-      ``slice_backward`` and two adds, ``13w (q + 2kv) + 2w kv + 2w q``), ``"grouped"`` (Falcon's new
-      decoder: as ``"index"``, then k and v broadcast to every query head and copied by
-      ``flatten``, ``2w (q + kv)`` each way, and q copied ``2w q``; rotary then runs on a k as wide
-      as q); a fused
+      (BLOOM's per-head ``view`` + ``select``: the same with ``select_backward``),
+      ``"group_select"`` (Falcon's new decoder: a per-KV-group ``view``; q is
+      ``grouped[..., :-2, :].flatten(-3, -2)``, copied ``2w q`` forward, k and v two ``select``s;
+      backward as ``"select"``: two ``select_backward``, the q ``slice_backward``, two adds). ``cat``,
+      ``stack`` and the zero-fill copies take the strided q/k gradients, so no rotary ``clone``
+      under any of them but ``"slice"``. ``kv_repeated`` (transformers' ``repeat_kv`` before SDPA,
+      run when SDPA is handed a mask: Falcon 5.25 always builds one, ``allow_is_causal_skip=False``):
+      k and v expanded to every query head, copied by the ``reshape`` ``2w (q + kv)`` forward (none
+      with one KV head, ``kv = head_dim``: the reshape is a view), backward the expand's ``sum``
+      ``2w (q + kv)``. A fused
       ``gate_up_proj`` (``fused_gate_up``, Phi-3) concatenates instead of adding: ``4w f``.
     - Residual dropout, two (CUDA's fused ``native_dropout``: x in, y and a 1-byte mask out):
       ``(2w + 1) h`` forward, ``(2w + 1) h`` backward (gradient and mask in, gradient out).
@@ -174,7 +180,7 @@ def eager_elementwise_bytes_per_token(*, hidden: int, q_width: float, kv_width: 
       rotate_half(q) * sin``: mul, neg, cat, mul, add): forward ``10w R``; backward ``15w R``: mul,
       neg, two ``slice_backward`` (zero-fill, then copy the half: ``2w`` each), add, mul, add;
       plus the ``clone`` that makes the q and k gradients contiguous for the projection's ``view``
-      (``2w (q + kv)``; none under ``qkv_split="view"``, whose clone is the fused one); plus
+      (``2w (q + kv)``; for a fused QKV only under ``qkv_split="slice"``, the join above); plus
       ``w head_dim`` per ``cos``/``sin`` read (four each way). ``rotary_cat`` (GPT-NeoX, Phi-3:
       ``cat((q_rot, q_pass))``, even when the pass part is empty): forward the ``cat``
       ``2w (q + kv)`` and the attention output's ``clone`` ``2w q`` (its layout follows the
@@ -221,25 +227,23 @@ def eager_elementwise_bytes_per_token(*, hidden: int, q_width: float, kv_width: 
         forward += norm_fwd * qk
         backward += norm_bwd * qk
     if fused_qkv:
-        backward += {"split": 2, "view": 4, "slice": 11, "select": 11, "index": 13, "grouped": 13}[qkv_split] * w * qkv
-        if qkv_split in ("index", "grouped"):
-            forward += 4 * w * kv_width
-            backward += 2 * w * kv_width + 2 * w * q_width
-        if qkv_split == "grouped":
-            forward += 2 * w * q_width + 2 * w * (q_width + kv_width)
-            backward += 2 * w * (q_width + kv_width)
+        join = {"split": 2, "unbind": 2, "view": 4, "slice": 11, "select": 11, "group_select": 11}[qkv_split]
+        backward += join * w * qkv
+        if qkv_split == "group_select":
+            forward += 2 * w * q_width
     else:
         backward += 2 * 3 * w * h
     if dropout:
         forward += 2 * (2 * w + 1) * h
         backward += 2 * (2 * w + 1) * h
+    if kv_repeated and kv_width < q_width:
+        forward += 2 * w * (q_width + kv_width) if kv_width > head_dim else 0
+        backward += 2 * w * (q_width + kv_width)
     if rotary:
-        if fused_qkv and qkv_split == "grouped":  # k already broadcast to the query heads
-            qk = 2 * q_width
         rotated = rotary_fraction * qk
         forward += 10 * w * rotated + 4 * w * head_dim * rotary_fraction
         backward += 15 * w * rotated + 4 * w * head_dim * rotary_fraction
-        if not (fused_qkv and qkv_split in ("view", "select", "index", "grouped")):
+        if not fused_qkv or qkv_split == "slice":
             backward += 2 * w * qk
         if rotary_cat:
             forward += 2 * w * qk + 2 * w * q_width
