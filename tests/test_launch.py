@@ -351,6 +351,33 @@ def test_an_op_build_that_starts_during_a_launch_is_announced(tmp_path, monkeypa
     assert list(_op_builds(done, interval=0.05)) == ["fused_adam"]
 
 
+def test_a_lock_held_for_a_moment_is_a_load_not_a_build(tmp_path, monkeypatch):
+    """torch takes the same lock to check an op that is already built, for milliseconds on each rank's
+    load: dstk said "DeepSpeed is building its op" on launches that built nothing."""
+    import threading
+    import time
+
+    from dstk.launch.run import _op_builds
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    op = tmp_path / "py311_cpu" / "deepspeed_shm_comm"
+    op.mkdir(parents=True)
+    done = threading.Event()
+
+    def loads() -> None:
+        # five loads one after another, each holding the lock half a poll interval: most are seen at one
+        # poll (what the old check announced), none can be at two
+        for _ in range(5):
+            time.sleep(0.1)
+            (op / "lock").write_text("")
+            time.sleep(0.25)
+            (op / "lock").unlink()
+        done.set()
+
+    threading.Thread(target=loads).start()
+    assert list(_op_builds(done, interval=0.5)) == []
+
+
 @pytest.mark.parametrize("sep", ["\x0b", "\x0c", "\x1c", "\x85", "\u2028", "\u2029"])
 def test_a_line_break_the_runner_does_not_see_is_refused(tmp_path, sep):
     """The runner reads the file with readlines(): `a slots=1<VT>b slots=1` is one line (one host)

@@ -419,16 +419,27 @@ class _LocalStop:
 def _op_builds(done: threading.Event, *, interval: float = 1.0):
     """Yield each op DeepSpeed starts building while the launch runs: torch's extension builder
     holds ``<extensions root>/<op>/lock`` for the whole build (``dstk.launch.locks``), and the ranks
-    print nothing until it ends."""
+    print nothing until it ends. Loading an op already built takes the same lock for a moment (torch's
+    ``_jit_compile`` checks the sources' version under it), so a lock counts as a build only when the
+    same file (inode and times) is still there at the next poll, ``interval`` later."""
     from dstk.launch.locks import extensions_root
 
-    root, seen = extensions_root(), set()
+    root, seen, pending = extensions_root(), set(), {}
     seen.update(p.parent.name for p in (*root.glob("*/lock"), *root.glob("*/*/lock")))  # stale: reported earlier
     while not done.wait(interval):
+        now = {}
         for lock in (*root.glob("*/lock"), *root.glob("*/*/lock")):
-            if lock.parent.name not in seen:
+            if lock.parent.name in seen:
+                continue
+            try:
+                st = lock.stat()
+            except OSError:  # released between the listing and the stat: a load's version check
+                continue
+            now[lock] = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+            if pending.get(lock) == now[lock]:
                 seen.add(lock.parent.name)
                 yield lock.parent.name
+        pending = now
 
 
 def _check_env_files(plan: LaunchPlan, sink: Callable[[str, str], None]) -> None:
