@@ -4,11 +4,8 @@ model uses them, and the hardware file that overrides them. Pure arithmetic, no 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import pathlib
-import sys
 
 import pytest
 
@@ -18,6 +15,7 @@ from dstk.estimate import _model_facts
 from dstk.estimate import steptime as st
 from dstk.hardware import get_gpu, load_catalog
 from dstk.models import get_model
+from tests.bench import load_benchmark
 
 H100 = get_gpu("h100-sxm")
 A100 = get_gpu("a100-80gb")
@@ -124,12 +122,7 @@ def test_eager_attention_is_unchanged():
 
 
 def _bench():
-    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "estimate_published.py"
-    spec = importlib.util.spec_from_file_location("estimate_published_attention", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
-    return bench
+    return load_benchmark("estimate_published")
 
 
 def test_published_megatron_rows_do_not_move_and_mosaicml_rows_slow(monkeypatch):

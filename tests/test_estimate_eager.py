@@ -4,10 +4,6 @@ a ``TorchDispatchMode`` on CPU), and what it does to the ``deepspeed`` engine's 
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 
 from dstk.estimate import _model_facts, estimate
@@ -16,15 +12,11 @@ from dstk.estimate import timing as tm
 from dstk.hardware import Cluster, get_gpu, get_interconnect
 from dstk.layout import Layout, Training
 from dstk.models import get_model
+from tests.bench import load_benchmark
 
 
 def _bench():
-    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "eager_bytes.py"
-    spec = importlib.util.spec_from_file_location("eager_bytes", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
-    return bench
+    return load_benchmark("eager_bytes")
 
 
 _MEASURED: dict[str, float] = {}

@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 
 from dstk.estimate import _model_facts, estimate
@@ -14,17 +10,13 @@ from dstk.estimate import steptime as st
 from dstk.hardware import IB_EFFICIENCY, Cluster, get_gpu, get_interconnect
 from dstk.layout import Layout, Training
 from dstk.models import family_module
+from tests.bench import load_benchmark
 
 A100 = get_gpu("a100-80gb")
 
 
 def _bench():
-    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "estimate_published.py"
-    spec = importlib.util.spec_from_file_location("estimate_published_steptime", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # its dataclass looks its module up
-    spec.loader.exec_module(bench)
-    return bench
+    return load_benchmark("estimate_published")
 
 
 def _gpt(hidden=6144, heads=64, layers=48):
