@@ -89,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    from dstk.errors import DstkError
     from dstk.hardware import get_gpu
 
     cuda = torch.cuda.is_available() and not args.cpu_smoke
@@ -105,7 +106,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"attention_gpu: no catalog entry for {torch.cuda.get_device_name(0)!r}; give --gpu SLUG",
                   file=sys.stderr)
             return 2
-    gpu = get_gpu(slug)
+    try:
+        gpu = get_gpu(slug)
+    except DstkError as exc:
+        print(f"attention_gpu: --gpu: {exc.render()}", file=sys.stderr)
+        return 2
     dtype = torch.bfloat16 if cuda else torch.float32
     peak = gpu.peak_flops("bf16" if cuda else "fp32")
     lengths = (1024, 2048, 4096, 8192, 16384) if cuda else (64, 128)

@@ -148,3 +148,10 @@ def test_set_up_without_deepspeed_or_wheels_says_how_to_fix(tmp_path):
     assert "=== stage setup: FAILED (exit 3)" in proc.stdout and "=== stage calibrate" not in proc.stdout
     summary = json.loads((tmp_path / "out" / "gpu_check.json").read_text())
     assert [s["name"] for s in summary["stages"]] == ["setup"] and summary["status"] == 1
+
+
+def test_attention_stage_refuses_an_unknown_gpu_with_the_known_ones():
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "attention_gpu.py"), "--cpu-smoke", "--gpu", "nope"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "unknown GPU 'nope'" in proc.stderr and "fix: known:" in proc.stderr
+    assert "Traceback" not in proc.stderr
