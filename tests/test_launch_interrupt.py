@@ -15,64 +15,27 @@ ranks themselves) is checked too.
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.launch_support import SLEEPER, Output, clean_env, cmdlines, python, start_decoy, stop_all, stop_group
 from tests.services import generate_tiny_run, generate_two_node_run, sshd_fixture
 
 REPO = Path(__file__).resolve().parent.parent
-TIMEOUT_SECONDS = 420  # a fresh machine builds DeepSpeed's ops on the first start (about 2 minutes)
 GONE_SECONDS = 20
 """The run's ranks must be gone this soon after the signal (the stop takes about 1-3 s here; 5x for load)."""
 EXIT_SECONDS = 120
 """dstk must have exited this soon after the signal (its stop waits up to 5 s + 30 s for a stuck runner)."""
 
-SLEEPER = """\
-import os, time
-print(f"ready {os.environ.get('RANK', '?')}", flush=True)
-time.sleep(600)
-"""
-
 sshd = sshd_fixture()
-
-RANK_IDENTITY = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_PORT", "MASTER_ADDR",
-                 "GROUP_RANK", "ROLE_RANK", "PYTHON_DSTK_RUN_TAG")
-
-
-def _clean_env(**extra: str) -> dict[str, str]:
-    """This environment without what an in-process DeepSpeed test may have left behind."""
-    return {**{k: v for k, v in os.environ.items() if k not in RANK_IDENTITY}, **extra}
-
-
-@pytest.fixture(scope="module")
-def python(tmp_path_factory) -> str:
-    """This venv under a path of the test's own: ``ROOT/bin/python`` next to a copy of its pyvenv.cfg, with
-    its lib/ linked. The runner's pkill pattern holds the interpreter's path, so whatever a broken stop
-    kills stays within this test (other launches on this machine use the venv's own path)."""
-    venv = Path(sys.prefix)
-    if not (venv / "pyvenv.cfg").is_file():
-        pytest.skip("not running in a venv: the test needs an interpreter path of its own")
-    root = tmp_path_factory.mktemp("venv")
-    (root / "bin").mkdir()
-    (root / "pyvenv.cfg").write_text((venv / "pyvenv.cfg").read_text())
-    (root / "lib").symlink_to(venv / "lib")
-    (root / "bin" / "python").symlink_to(Path(sys.executable).resolve())
-    python = str(root / "bin" / "python")
-    done = subprocess.run([python, "-c", "import sys, deepspeed, dstk; print(sys.executable)"], capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.splitlines()[-1:] == [python], done.stdout + done.stderr
-    return python
-
+__all__ = ["python"]  # a fixture from tests/launch_support.py, used by the pdsh test
 
 @pytest.fixture(scope="module")
 def two_node_run(tmp_path_factory) -> tuple[Path, Path]:
@@ -83,76 +46,6 @@ def two_node_run(tmp_path_factory) -> tuple[Path, Path]:
 def local_run(tmp_path_factory) -> Path:
     """The tiny example, generated (1 node, 2 CPU ranks)."""
     return generate_tiny_run(tmp_path_factory.mktemp("interrupt-local"), repo=REPO)
-
-
-def _cmdlines() -> dict[int, str]:
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                text = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                state = (entry / "stat").read_text().rsplit(") ", 1)[-1][:1]
-            except OSError:
-                continue
-            if text and state not in ("Z", "X"):
-                out[int(entry.name)] = text
-    return out
-
-
-class Output:
-    """A process's merged output, read in a thread."""
-
-    def __init__(self, proc: subprocess.Popen):
-        self.lines: list[str] = []
-        self._thread = threading.Thread(target=self._read, args=(proc,), daemon=True)
-        self._thread.start()
-
-    def _read(self, proc) -> None:
-        for line in proc.stdout:
-            self.lines.append(line)
-
-    def text(self) -> str:
-        return "".join(self.lines)
-
-    def wait_for(self, predicate, *, what: str, proc: subprocess.Popen) -> None:
-        deadline = time.monotonic() + TIMEOUT_SECONDS
-        while not predicate(self.text()):
-            assert proc.poll() is None, f"{what}: it exited {proc.returncode}\n{self.text()[-4000:]}"
-            assert time.monotonic() < deadline, f"timed out waiting for {what}\n{self.text()[-4000:]}"
-            time.sleep(0.2)
-
-    def join(self) -> None:
-        self._thread.join(timeout=10)
-
-
-def _start_decoy(tmp_path: Path, port: int, *, python: str) -> subprocess.Popen:
-    """Another run's launch.py (same interpreter, one rank that sleeps), started the way pdsh starts one on a
-    node: ``PYTHON -u -m deepspeed.launcher.launch --world_info=... SCRIPT`` -- what the runner's pkill matches."""
-    script = tmp_path / "decoy_rank.py"
-    script.write_text(SLEEPER)
-    world = base64.urlsafe_b64encode(json.dumps({"localhost": [0]}).encode()).decode()
-    argv = [python, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}", "--node_rank=0",
-            "--master_addr=127.0.0.1", f"--master_port={port}", str(script)]
-    return subprocess.Popen(argv, env=_clean_env(), cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-
-
-def _stop(proc: subprocess.Popen | None) -> None:
-    if proc is not None and proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=30)
-
-
-def _kill_left(pattern: str) -> None:
-    for pid, cmd in _cmdlines().items():
-        if pattern in cmd:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def _signal_and_wait(proc: subprocess.Popen, out: Output, signum: int, *, marker: str) -> tuple[int, float, float]:
@@ -167,14 +60,14 @@ def _signal_and_wait(proc: subprocess.Popen, out: Output, signum: int, *, marker
     gone_at = None
     deadline = sent + EXIT_SECONDS
     while time.monotonic() < deadline and (gone_at is None or proc.poll() is None):
-        if gone_at is None and not any(marker in c for c in _cmdlines().values()):
+        if gone_at is None and not any(marker in c for c in cmdlines().values()):
             gone_at = time.monotonic()
         time.sleep(0.1)
     if proc.poll() is None:
         raise AssertionError(f"dstk launch did not exit after {signal.Signals(signum).name}:\n{out.text()[-4000:]}")
     ended = time.monotonic()
     out.join()
-    left = {p: c for p, c in _cmdlines().items() if marker in c}
+    left = {p: c for p, c in cmdlines().items() if marker in c}
     assert gone_at is not None and not left, (left, out.text()[-4000:])
     return proc.returncode, gone_at - sent, ended - sent
 
@@ -190,14 +83,14 @@ def test_a_signal_stops_only_this_pdsh_run(sshd, python, two_node_run, tmp_path,
     script.write_text(SLEEPER)
     decoy = proc = None
     try:
-        decoy = _start_decoy(tmp_path, free_port + 1 if free_port < 65535 else free_port - 1, python=python)
+        decoy = start_decoy(tmp_path, free_port + 1 if free_port < 65535 else free_port - 1, python=python)
         decoy_out = Output(decoy)
         decoy_out.wait_for(lambda text: "ready" in text, what="the decoy's rank", proc=decoy)
         # dstk hands its own interpreter's path to the runner, which runs it on every node
         argv = [python, "-m", "dstk", "launch", str(run), "--hostfile", str(hostfile), "--launcher", "pdsh",
                 "--master-addr", "127.0.0.1", "--master-port", str(free_port), "--", str(script)]
         # start_new_session: dstk's own process group stands for the terminal's foreground group
-        proc = subprocess.Popen(argv, env=_clean_env(**sshd.env, LOCAL_RANK="0", RANK="0", WORLD_SIZE="1"), cwd=REPO,
+        proc = subprocess.Popen(argv, env=clean_env(**sshd.env, LOCAL_RANK="0", RANK="0", WORLD_SIZE="1"), cwd=REPO,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
         out = Output(proc)
         if early:
@@ -211,7 +104,7 @@ def test_a_signal_stops_only_this_pdsh_run(sshd, python, two_node_run, tmp_path,
         print(f"{name}: the run's ranks were gone {gone_seconds:.1f} s after it, dstk exited after {exit_seconds:.1f} s")
         assert rc == 128 + signum, text[-4000:]
         assert decoy.poll() is None, f"the runner's pkill killed another run's launch.py:\n{text[-4000:]}"
-        assert any(str(tmp_path / "decoy_rank.py") in c for c in _cmdlines().values()), "the decoy's rank is gone"
+        assert any(str(tmp_path / "decoy_rank.py") in c for c in cmdlines().values()), "the decoy's rank is gone"
         assert gone_seconds < GONE_SECONDS, text[-4000:]
         # both "nodes" are this machine and stop at the same time: which stop signals a process, and whether
         # launch.py ended its rank before a stop saw it, is a race (each machine counts what it signalled);
@@ -221,14 +114,11 @@ def test_a_signal_stops_only_this_pdsh_run(sshd, python, two_node_run, tmp_path,
         assert len(stopped) == 1 and (early or sum(map(int, stopped[0])) >= 2), text[-4000:]
         assert len(re.findall(r"^dstk: stopped by ", text, re.M)) == 1, text[-4000:]
         # nothing else of the run (runner, pdsh, ssh, launch.py) is left either
-        left = {p: c for p, c in _cmdlines().items() if f"--master_port={free_port}" in c or str(script) in c}
+        left = {p: c for p, c in cmdlines().items() if f"--master_port={free_port}" in c or str(script) in c}
         assert not left, left
         assert "Traceback" not in text and "pkill" not in text, text[-4000:]
     finally:
-        _stop(proc)
-        _kill_left(str(script))
-        _stop(decoy)
-        _kill_left(str(tmp_path / "decoy_rank.py"))
+        stop_all(proc, decoy, patterns=(str(script), str(tmp_path / "decoy_rank.py")))
 
 
 @pytest.mark.distributed
@@ -240,7 +130,7 @@ def test_ctrl_c_stops_a_local_run(local_run, tmp_path, free_port):
     proc = None
     try:
         argv = [sys.executable, "-m", "dstk", "launch", str(local_run), "--master-port", str(free_port), "--", str(script)]
-        proc = subprocess.Popen(argv, env=_clean_env(LOCAL_RANK="0", RANK="0"), cwd=REPO, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(argv, env=clean_env(LOCAL_RANK="0", RANK="0"), cwd=REPO, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         out = Output(proc)
         out.wait_for(lambda text: "[rank 0] ready 0" in text and "[rank 1] ready 1" in text, what="both ranks", proc=proc)
@@ -250,11 +140,10 @@ def test_ctrl_c_stops_a_local_run(local_run, tmp_path, free_port):
         assert rc == 130, text[-4000:]
         assert gone_seconds < GONE_SECONDS, text[-4000:]
         assert text.splitlines()[-1] == "interrupted", text[-4000:]
-        left = {p: c for p, c in _cmdlines().items() if f"--master_port={free_port}" in c or str(script) in c}
+        left = {p: c for p, c in cmdlines().items() if f"--master_port={free_port}" in c or str(script) in c}
         assert not left, left
     finally:
-        _stop(proc)
-        _kill_left(str(script))
+        stop_all(proc, patterns=(str(script),))
 
 
 def test_interrupt_stops_by_tag_never_signals_the_runner_and_ignores_the_nodes_ending(tmp_path):
@@ -284,4 +173,4 @@ def test_interrupt_stops_by_tag_never_signals_the_runner_and_ignores_the_nodes_e
         assert messages[1].startswith("could not stop the ranks on node-a.invalid, node-b.invalid"), messages
         assert messages[-1] == "the runner had not ended 1 s after that: killed it"
     finally:
-        _stop(runner)
+        stop_group(runner)

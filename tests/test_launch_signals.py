@@ -25,9 +25,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.launch_support import SLEEPER, Output, clean_env, cmdlines, python, start_decoy, stop_all
 from tests.services import generate_tiny_run, generate_two_node_run, sshd_fixture
-from tests.test_launch_interrupt import (SLEEPER, Output, _clean_env, _cmdlines, _kill_left, _start_decoy, _stop,
-                                         python)
 
 REPO = Path(__file__).resolve().parent.parent
 GONE_SECONDS = 20
@@ -59,10 +58,10 @@ def _signal_dstk(proc: subprocess.Popen, out: Output, signum: int, *, markers: t
     gone_at = None
     while time.monotonic() < sent + EXIT_SECONDS and (proc.poll() is None or (
             gone_at is None and time.monotonic() < sent + GONE_SECONDS)):
-        if gone_at is None and not any(m in c for c in _cmdlines().values() for m in markers):
+        if gone_at is None and not any(m in c for c in cmdlines().values() for m in markers):
             gone_at = time.monotonic()
         time.sleep(0.1)
-    left = {p: c for p, c in _cmdlines().items() if any(m in c for m in markers)}
+    left = {p: c for p, c in cmdlines().items() if any(m in c for m in markers)}
     assert proc.poll() is not None, f"dstk did not exit after {signal.Signals(signum).name}:\n{out.text()[-4000:]}"
     ended = time.monotonic()
     out.join()
@@ -91,17 +90,17 @@ def test_a_signal_stops_this_local_run(local_run, tmp_path, free_port, signum, e
     decoy = proc = None
     markers = (str(script), f"--master_port={free_port}", f"--master_port {free_port}")
     try:
-        decoy = _start_decoy(tmp_path, free_port + 1 if free_port < 65535 else free_port - 1, python=sys.executable)
+        decoy = start_decoy(tmp_path, free_port + 1 if free_port < 65535 else free_port - 1, python=sys.executable)
         Output(decoy).wait_for(lambda text: "ready" in text, what="the decoy's rank", proc=decoy)
         argv = [sys.executable, "-m", "dstk", "launch", str(local_run), "--master-port", str(free_port),
                 "--launcher", launcher, "--", str(script), "--steps", "100000"]
         # start_new_session: a test's signal must not reach pytest; dstk stands for a job's top process
-        proc = subprocess.Popen(argv, env=_clean_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(argv, env=clean_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, start_new_session=True)
         out = Output(proc)
         if early:
             out.wait_for(lambda _text: any("deepspeed.launcher.runner" in c and str(script) in c
-                                           for c in _cmdlines().values()), what="the runner", proc=proc)
+                                           for c in cmdlines().values()), what="the runner", proc=proc)
         else:
             out.wait_for(lambda text: re.search(r"^\[rank 0\] step \d+ loss", text, re.M), what="a training step",
                          proc=proc)
@@ -112,7 +111,7 @@ def test_a_signal_stops_this_local_run(local_run, tmp_path, free_port, signum, e
         assert proc.returncode == 128 + signum, text[-4000:]
         assert gone_seconds < GONE_SECONDS, text[-4000:]
         assert decoy.poll() is None, f"another run's launch.py was stopped:\n{text[-4000:]}"
-        assert any(str(tmp_path / "decoy_rank.py") in c for c in _cmdlines().values()), "the decoy's rank is gone"
+        assert any(str(tmp_path / "decoy_rank.py") in c for c in cmdlines().values()), "the decoy's rank is gone"
         if signum == signal.SIGINT:
             assert text.splitlines()[-1] == "interrupted" and "dstk: stop" not in text, text[-4000:]
             return
@@ -128,11 +127,7 @@ def test_a_signal_stops_this_local_run(local_run, tmp_path, free_port, signum, e
         assert text.splitlines()[-1].startswith(f"dstk: stopped by {name}: "), text[-4000:]
         assert "was killed by" not in text and "did not report" not in text, text[-4000:]
     finally:
-        _stop(proc)
-        for marker in markers:
-            _kill_left(marker)
-        _stop(decoy)
-        _kill_left(str(tmp_path / "decoy_rank.py"))
+        stop_all(proc, decoy, patterns=(*markers, str(tmp_path / "decoy_rank.py")))
 
 
 @pytest.mark.distributed
@@ -144,11 +139,11 @@ def test_sighup_stops_only_this_pdsh_run(sshd, python, tmp_path_factory, tmp_pat
     script.write_text(SLEEPER)
     decoy = proc = None
     try:
-        decoy = _start_decoy(tmp_path, free_port + 1 if free_port < 65535 else free_port - 1, python=python)
+        decoy = start_decoy(tmp_path, free_port + 1 if free_port < 65535 else free_port - 1, python=python)
         Output(decoy).wait_for(lambda text: "ready" in text, what="the decoy's rank", proc=decoy)
         argv = [python, "-m", "dstk", "launch", str(run), "--hostfile", str(hostfile), "--launcher", "pdsh",
                 "--master-addr", "127.0.0.1", "--master-port", str(free_port), "--", str(script)]
-        proc = subprocess.Popen(argv, env=_clean_env(**sshd.env), cwd=REPO, stdout=subprocess.PIPE,
+        proc = subprocess.Popen(argv, env=clean_env(**sshd.env), cwd=REPO, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
         out = Output(proc)
         out.wait_for(lambda text: "localhost: [rank 0] ready 0" in text and "127.0.0.1: [rank 1] ready 1" in text,
@@ -165,10 +160,7 @@ def test_sighup_stops_only_this_pdsh_run(sshd, python, tmp_path_factory, tmp_pat
                               r"process(?:es)?\), 127\.0\.0\.1 \(\d+ process(?:es)?\)$", text, re.M)) == 1, text[-4000:]
         assert "Traceback" not in text and "pkill" not in text, text[-4000:]
     finally:
-        _stop(proc)
-        _kill_left(str(script))
-        _stop(decoy)
-        _kill_left(str(tmp_path / "decoy_rank.py"))
+        stop_all(proc, decoy, patterns=(str(script), str(tmp_path / "decoy_rank.py")))
 
 
 def test_a_signal_ignored_when_dstk_started_stays_ignored():

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import json
 import sys
+from pathlib import Path
 
 HELP = "write a DeepSpeed pipeline or ZeRO checkpoint as an HF directory that from_pretrained loads"
 DESCRIPTION = (
@@ -15,8 +16,9 @@ DESCRIPTION = (
     "whole: a directory with a config.json and no subdirectories); they are written into a hidden sibling and "
     "renamed into place (swapped in one step over an old one), so a killed export leaves no --output or the old "
     "one, never a part of one or a mix of both. The HF architecture comes from "
-    "--config, or from a config.json in the checkpoint directory. Exit 0 on success, 1 when the checkpoint does "
-    "not match the architecture, a file of it is truncated or empty (the previous complete checkpoint is named), or "
+    "--config, or from a config.json in the checkpoint directory, or for a `dstk finetune` run (its OUTPUT or "
+    "OUTPUT/checkpoints) from the model it started from (OUTPUT/finetune.json). Exit 0 on success, 1 when the "
+    "checkpoint does not match the architecture, a file of it is truncated or empty (the previous complete checkpoint is named), or "
     "`latest` points outside the directory, 2 on usage errors."
 )
 
@@ -40,7 +42,17 @@ def run(args: argparse.Namespace) -> int:
     refuse_stdout_dir(args.output, what="an HF model directory", hint="give a directory name, e.g. -o hf-model")
     require_train_stack("export", modules=("torch", "transformers", "safetensors"))
     from dstk.pipeline.export import export_hf
-    from dstk.train.integrity import check_export
+    from dstk.train.integrity import check_export, finetune_model_config, refuse_lora_export
+
+    run = Path(args.checkpoint_dir)
+    if (run / "finetune.json").is_file() and (run / "checkpoints").is_dir() and not (run / "latest").exists():
+        args.checkpoint_dir = str(run / "checkpoints")  # the run directory given for its checkpoints
+        print(f"{run} is a `dstk finetune` run: exporting its checkpoints, {args.checkpoint_dir}", file=sys.stderr)
+    refuse_lora_export(args.checkpoint_dir)
+    if args.config is None and (source := finetune_model_config(args.checkpoint_dir, tag=args.tag)) is not None:
+        print(f"the model config: {source} (the model this finetune run started from, in its finetune.json)",
+              file=sys.stderr)
+        args.config = source
 
     # A truncated or empty file, a `latest` outside the directory, an empty config.json: named here,
     # before torch.load or AutoConfig fail on them.

@@ -213,10 +213,27 @@ def run(args: argparse.Namespace) -> int:
     if args.prepare_only:
         print(spec_path)
         return 0
-    rc = launch_logged(spec_path, output_dir=args.output, verbose=args.verbose, ranks_to_stderr=args.format == "json",
-                       master_port=args.master_port, append=args.resume)
+    try:
+        rc = launch_logged(spec_path, output_dir=args.output, verbose=args.verbose,
+                           ranks_to_stderr=args.format == "json", master_port=args.master_port, append=args.resume)
+    except KeyboardInterrupt:  # Ctrl-C: the ranks stopped; say what was kept (the CLI then exits 130)
+        _say_what_was_kept(spec_path, output_dir=args.output)
+        raise
+    if rc != 0:  # stopped by a signal, or a rank failed
+        _say_what_was_kept(spec_path, output_dir=args.output)
     summary = Path(args.output) / "summary.json"
     if args.format == "json" and rc == 0 and summary.is_file():
         json.dump(json.loads(summary.read_text()), sys.stdout, indent=2)
         sys.stdout.write("\n")
     return rc
+
+
+def _say_what_was_kept(spec_path, *, output_dir: str) -> None:
+    """After a run that did not finish: its newest complete checkpoint and the command that goes on from it,
+    or that there is none (``dstk.train.checkpoint.stopped_note``), on stderr."""
+    from dstk.train.checkpoint import stopped_note
+    from dstk.train.spec import TrainSpec
+
+    spec = TrainSpec.load(spec_path)
+    print("dstk: " + stopped_note(output_dir, num_steps=spec.num_steps, save_every=spec.save_every,
+                                  trainer=spec.trainer), file=sys.stderr)

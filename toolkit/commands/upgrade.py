@@ -108,16 +108,25 @@ def upgrade_config(config: dict) -> tuple[dict, list[Change]]:
             if zero[old] is True and new not in zero:
                 block = {"device": "cpu"} if pin is None else {"device": "cpu", "pin_memory": bool(pin)}
                 zero = _rename(zero, old, new, block)
+                moved = "" if pin is None else f" (with cpu_offload_use_pin_memory's {str(bool(pin)).lower()})"
                 changes.append(Change(pointer=pointer, action="renamed",
-                                      why=f"'{old}: true' is the deprecated form of '{new}: {{\"device\": \"cpu\"}}'"))
+                                      why=f"'{old}: true' is the deprecated form of '{new}: {json.dumps(block)}'"
+                                          + moved))
             else:
                 del zero[old]
                 changes.append(Change(pointer=pointer, action="removed",
                                       why=f"'{new}' is set" if new in zero else f"'{old}: false' is the default"))
         if "cpu_offload_use_pin_memory" in zero:
             del zero["cpu_offload_use_pin_memory"]
-            changes.append(Change(pointer="/zero_optimization/cpu_offload_use_pin_memory", action="removed",
-                                  why="deprecated: pin_memory now lives in the offload blocks"))
+            # runtime/zero/config.py: set_new_param False, so DeepSpeed reads it nowhere; the blocks the
+            # rename above did not write keep their own pin_memory (default false): say how to keep it
+            unpinned = [name for name in ("offload_optimizer", "offload_param")
+                        if isinstance(zero.get(name), dict) and "pin_memory" not in zero[name]]
+            why = "deprecated: pin_memory now lives in the offload blocks"
+            if pin and unpinned:
+                why += (f"; DeepSpeed reads it nowhere, so {' and '.join(unpinned)} "
+                        f"{'run' if len(unpinned) > 1 else 'runs'} unpinned: add \"pin_memory\": true there to pin")
+            changes.append(Change(pointer="/zero_optimization/cpu_offload_use_pin_memory", action="removed", why=why))
         old, new = "stage3_gather_fp16_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save"
         if old in zero:
             if new in zero or "gather_16bit_weights_on_model_save" in zero:
@@ -147,9 +156,13 @@ def _backup_path(path: str) -> str:
 
 
 def _write(path: str, text: str) -> str:
+    """Replace ``path`` with ``text`` atomically (a synced temporary file renamed over it), after a backup
+    copy. A symbolic link is followed: its target is rewritten, the link kept (``os.replace`` on the link
+    itself swapped it for a plain file and left the target, which other users of it read, unchanged)."""
     import shutil
     import tempfile
 
+    path = os.path.realpath(path) if os.path.islink(path) else path
     backup = _backup_path(path)
     directory = os.path.dirname(os.path.abspath(path))
     try:
@@ -157,6 +170,8 @@ def _write(path: str, text: str) -> str:
         fd, tmp = tempfile.mkstemp(prefix=".dstk-upgrade-", dir=directory)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
             fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
         shutil.copymode(path, tmp)
         os.replace(tmp, path)
     except OSError as exc:
@@ -231,7 +246,9 @@ def _upgrade(args: argparse.Namespace, path: str) -> int:
         if not changes:
             print(f"{path}: nothing to upgrade for DeepSpeed {args.deepspeed_version}", file=sys.stderr)
         elif backup:
-            print(f"wrote {path} (the old file is {backup})", file=sys.stderr)
+            target = os.path.realpath(path)
+            via = f"{target} (through the link {path})" if os.path.islink(path) else path
+            print(f"wrote {via} (the old file is {backup})", file=sys.stderr)
         else:
             print(f"{len(changes)} change(s); rerun with --write to apply them", file=sys.stderr)
         for f in remaining:

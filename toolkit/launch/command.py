@@ -209,11 +209,15 @@ def check_spec(spec: LaunchSpec) -> dict[str, list[int]]:
                                 hint=f"select {spec.gpus_per_node} devices, or regenerate the plan")
         else:
             active = {"localhost": list(range(spec.gpus_per_node))}
+        # Inside a Slurm allocation the hosts are Slurm's: the runner still reads them from a hostfile.
+        from_slurm = (f"; inside the Slurm allocation: scontrol show hostnames \"$SLURM_JOB_NODELIST\" | sed "
+                      f"'s/$/ slots={spec.gpus_per_node}/' > hosts, then --hostfile hosts"
+                      if spec.launcher == "slurm" else "")
         if spec.num_nodes != 1:
             raise DstkError(f"the plan is for {spec.num_nodes} nodes, but no hosts were given",
-                            hint="pass --hostfile FILE or --hosts h1:N,h2:N with one host per node")
+                            hint="pass --hostfile FILE or --hosts h1:N,h2:N with one host per node" + from_slurm)
         if spec.launcher in MULTI_NODE_LAUNCHERS:
-            raise DstkError(f"--launcher {spec.launcher} needs hosts", hint="pass --hostfile or --hosts")
+            raise DstkError(f"--launcher {spec.launcher} needs hosts", hint="pass --hostfile or --hosts" + from_slurm)
         if spec.node_rank not in (None, 0):
             raise DstkError(f"--node-rank {spec.node_rank} needs a host list with that many nodes",
                             hint="pass --hostfile or --hosts")

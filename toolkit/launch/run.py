@@ -232,6 +232,8 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
         else:
             proc.wait()
     except KeyboardInterrupt:
+        # A sink that hides what the ranks print once the user asked to stop (dstk.train.logs.RunSink)
+        getattr(sink, "interrupt", lambda: None)()
         # The local runner and launch.py got the terminal's SIGINT too and stop their ranks; a SIGINT
         # from elsewhere reaches them here. Give them time, then kill.
         proc.send_signal(signal.SIGINT)

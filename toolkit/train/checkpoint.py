@@ -62,3 +62,43 @@ def remove_partial(checkpoint_dir: str | os.PathLike) -> list[Path]:
     for p in gone:
         shutil.rmtree(p, ignore_errors=True)
     return gone
+
+
+_HF_STEP = re.compile(r"^checkpoint-(\d+)$")
+
+
+def newest_hf_trainer(checkpoint_dir: str | os.PathLike) -> int | None:
+    """The step of the newest checkpoint the HF Trainer finished writing (``checkpoint-N`` holding the
+    ``trainer_state.json`` that ``Trainer._save_checkpoint`` writes after the model, the optimizer and the RNG
+    states: transformers 5.25 trainer.py lines 3421-3461), or None."""
+    root = Path(checkpoint_dir)
+    steps = [int(m.group(1)) for child in (root.iterdir() if root.is_dir() else ())
+             if (m := _HF_STEP.match(child.name)) and (child / "trainer_state.json").is_file()]
+    return max(steps) if steps else None
+
+
+def stopped_note(output_dir: str | os.PathLike, *, num_steps: int, save_every: int, trainer: str = "native") -> str:
+    """What a run that stopped before its end (a signal, a failed or lost rank) kept, and the command that
+    goes on from it: the newest complete checkpoint and ``dstk finetune --resume``; or, when none was
+    written, that a resume starts again at step 1 and ``--save-every`` would have kept the progress
+    (its default, 0, saves only at the end); or, when the last step's checkpoint is there, that the same
+    command exports it (the worker's loop then has no step left to train)."""
+    out = Path(output_dir)
+    root = out / "checkpoints"
+    if trainer == "hf":
+        step = newest_hf_trainer(root)
+        where = None if step is None else root / f"checkpoint-{step}"
+    else:
+        found = newest_complete(root)
+        step, where = (None, None) if found is None else (found[0], root / found[1])
+    resume = f"dstk finetune --resume --output {out}"
+    if step is None:
+        due = ("checkpoints are written only at the end (--save-every 0)" if save_every <= 0 else
+               f"the first was due at step {save_every} (--save-every {save_every})")
+        return (f"no complete checkpoint in {root}: {due}; `{resume}` trains again from step 1. "
+                f"Pass --save-every N to a new run to keep its progress.")
+    if step >= num_steps:
+        return (f"the run trained all {num_steps} steps (checkpoint {where}); `{resume}` evaluates and exports it "
+                f"without training again")
+    return (f"the newest complete checkpoint is step {step} of {num_steps} ({where}); `{resume}` goes on "
+            f"from step {step + 1}")

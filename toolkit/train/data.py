@@ -33,6 +33,9 @@ def check_files(files: list[str]) -> None:
     kinds = set()
     for f in files:
         p = Path(f)
+        if p.is_dir():
+            raise UsageError(f"{f}: a directory, not a data file",
+                             hint=f"give the files in it, e.g. --data {f.rstrip('/')}/*.jsonl")
         if not p.is_file():
             raise UsageError(f"{f}: data file not found", hint="check the path given to --data")
         if p.stat().st_size == 0:
@@ -43,6 +46,39 @@ def check_files(files: list[str]) -> None:
                          hint="convert them to one type, or fine-tune on one kind at a time")
 
 
+def json_problem(path: str | os.PathLike) -> str | None:
+    """``FILE:LINE:COLUMN: what is wrong`` for the first line of a .json/.jsonl data file that is not a JSON
+    object, as ``datasets``' json loader reads it (JSON lines; a .json file may also be one JSON document);
+    None when it parses or is of another type."""
+    import json
+
+    path = Path(path)
+    if loader_for(path) != "json":
+        return None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        return f"{path}: cannot be read as UTF-8 text ({exc})"
+    if path.suffix.lower() == ".json":
+        try:
+            json.loads(text)
+            return None
+        except ValueError as exc:
+            whole = exc
+        if not text.lstrip().startswith("{"):  # one document (an array) that does not parse
+            return f"{path}:{whole.lineno}:{whole.colno}: not valid JSON ({whole.msg})"
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError as exc:
+            return f"{path}:{number}:{exc.colno}: not a JSON object ({exc.msg})"
+        if not isinstance(record, dict):
+            return f"{path}:{number}: a JSON {type(record).__name__}, not an object with a text field"
+    return None
+
+
 def load_records(files: list[str], *, text_field: str = "text", prompt_field: str | None = None,
                  response_field: str | None = None):
     """The ``datasets.Dataset`` of all files, with the columns checked."""
@@ -50,12 +86,22 @@ def load_records(files: list[str], *, text_field: str = "text", prompt_field: st
 
     check_files(files)
     datasets.disable_progress_bars()
+    # datasets logs its loader's failure ("Failed to load JSON from file ...") before raising; the error
+    # below says it, with the file and line
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
         ds = datasets.load_dataset(loader_for(files[0]), data_files=[str(Path(f).resolve()) for f in files],
                                    split="train")
     except Exception as exc:  # datasets raises many kinds; all mean the file cannot be parsed
+        where = next((w for f in files if (w := json_problem(f)) is not None), None)
+        if where is not None:  # datasets names neither the file nor the line (DatasetGenerationError)
+            raise DstkError(where, hint="fix that line: one JSON object per line in .jsonl, a JSON array or "
+                                        "JSON lines in .json") from None
         raise DstkError(f"cannot read {', '.join(files)}: {type(exc).__name__}: {exc}",
                         hint="check that the file is valid for its extension") from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
     if len(ds) == 0:
         raise DstkError(f"{', '.join(files)}: no records", hint="give a file with at least one record")
     wanted = [prompt_field, response_field] if prompt_field or response_field else [text_field]

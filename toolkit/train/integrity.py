@@ -163,7 +163,12 @@ def check_export(checkpoint_dir: str | os.PathLike, *, tag: str | None, config: 
     """``dstk export``'s checks: the tag inside the directory, its files whole, the HF config readable."""
     root = Path(checkpoint_dir)
     if not root.is_dir():
-        return  # export_hf says so
+        from dstk.errors import UsageError
+
+        what = "is not a directory" if root.exists() else "does not exist"
+        raise UsageError(f"checkpoint directory {root} {what}",
+                         hint="give the directory DeepSpeed's save_checkpoint wrote into (for a `dstk finetune` run: "
+                              "OUTPUT/checkpoints)")
     tag_dir = resolve_tag(root, tag) or root
     if tag_dir.is_dir():
         problems = tag_problems(tag_dir)
@@ -284,3 +289,43 @@ def check_resume(output_dir: str | os.PathLike, *, log=lambda s: None) -> None:
         hint = (f"no earlier complete checkpoint: move it aside (mv {tag_dir} {aside}) to start again from step 1, "
                 "or start a new --output")
     raise DstkError(_damaged(tag_dir, problems), hint=hint)
+
+
+def finetune_model_config(checkpoint_dir: str | os.PathLike, *, tag: str | None = None) -> str | None:
+    """The HF directory a ``dstk finetune`` run started from, for ``dstk export OUT/checkpoints`` when no
+    ``config.json`` lies in the places ``export_hf`` looks (the checkpoint directory, its tag, OUT,
+    OUT/model, OUT/prepared/model_config): a run from ``--model HF_DIR`` keeps its config there, not in
+    OUT, and has no OUT/model until it finished. Read from OUT/finetune.json's ``model_source``; None when
+    this is no finetune run, a standard place has a config.json, or the source has none."""
+    root = Path(checkpoint_dir)
+    out = root.parent
+    tag_dir = resolve_tag(root, tag) if root.is_dir() else None
+    places = [root, tag_dir or root, out, out / "model", out / "prepared" / "model_config"]
+    if any((p / "config.json").is_file() for p in places) or not (out / "finetune.json").is_file():
+        return None
+    try:
+        source = json.loads((out / "finetune.json").read_text(encoding="utf-8")).get("model_source")
+    except (OSError, ValueError, AttributeError):
+        return None  # check_export / check_resume name a damaged settings file
+    return str(source) if source and (Path(str(source)) / "config.json").is_file() else None
+
+
+def refuse_lora_export(checkpoint_dir: str | os.PathLike) -> None:
+    """``dstk export`` of a LoRA ``dstk finetune`` run's checkpoints: they hold the PEFT model (the frozen base
+    under ``base_model.model.`` and the adapters), which ``export_hf`` does not merge; it failed with "the
+    checkpoint does not match LlamaForCausalLM" and a fix that could not work (``--config``). Refused with
+    what the run writes instead: OUTPUT/adapter (and OUTPUT/model with ``--merge``) at its end."""
+    out = Path(checkpoint_dir).parent
+    try:
+        spec = json.loads((out / "finetune.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(spec, dict) or not spec.get("lora"):
+        return
+    done = [str(out / d) for d in ("adapter", "model") if (out / d / "config.json").is_file()
+            or (out / d / "adapter_config.json").is_file()]
+    raise DstkError(f"{checkpoint_dir} holds a LoRA run's checkpoints (the PEFT model: frozen base and adapters), "
+                    "which `dstk export` does not merge",
+                    hint=(f"use what the run exported: {', '.join(done)}" if done else
+                          f"`dstk finetune --resume --output {out}` trains on to the end and writes the adapter "
+                          f"({out / 'adapter'}) and, with --merge, the merged model"))

@@ -33,6 +33,16 @@ LOG_NAME = "launch.log"
 _RANK_PREFIX = re.compile(r"(?:[A-Za-z0-9._-]+: )?\[rank [0-9?]+\] ")
 """``[rank R] `` of ``dstk.launch.rank``, behind pdsh's ``HOST: `` when there is one."""
 
+_TORCH_RANK = re.compile(r"\[rank\d+\]: ")
+"""``[rankN]: ``, which torch.distributed's elastic error handler puts before each line of a rank's traceback."""
+
+_BLOCK_START = ("Traceback (most recent call last):", "Error in sys.excepthook:",
+                "During handling of the above exception", "The above exception was the direct cause",
+                "object address  :")
+"""Lines that begin what CPython prints for an uncaught exception (``RunSink._traceback``)."""
+_BLOCK_GOES_ON = _BLOCK_START + ("Original exception was:", "object ", "lost sys.stderr")
+"""Unindented lines inside such a block; ``lost sys.stderr`` ends the object dump (and the block)."""
+
 _PY_WARNING = re.compile(r".+:\d+: [A-Z]\w*Warning: ")
 """Python's ``warnings.showwarning``: ``FILE:LINE: CATEGORY: message``, its source line follows indented."""
 
@@ -81,7 +91,8 @@ class RunSink:
     terminal wraps on some terminals) and blanked with spaces, not escape codes, so it also works
     where ``TERM=dumb``. A line printed while the progress line is drawn goes above it."""
 
-    __slots__ = ("log", "verbose", "live", "out", "err", "columns", "_drawn", "_record", "_warning")
+    __slots__ = ("log", "verbose", "live", "out", "err", "columns", "_drawn", "_record", "_warning", "_interrupted",
+                 "_held", "stopped")
 
     def __init__(self, *, log: TextIO | None, verbose: bool, live: bool, out: TextIO, err: TextIO,
                  columns: Callable[[], int] | None = None):
@@ -90,6 +101,10 @@ class RunSink:
         self._drawn = 0  # characters of the progress line now on the terminal
         self._record: dict | None = None
         self._warning: set[tuple[str, str]] = set()  # (stream, prefix) whose last line was a hidden warning
+        self._interrupted = False
+        self._held: dict[tuple[str, str], list[str]] = {}  # (stream, prefix) -> a traceback not yet ended
+        self.stopped = False
+        """dstk stopped the run on a signal it was sent (``dstk: stopped by SIGTERM: ...``): no rank failed."""
 
     def __call__(self, stream: str, line: str) -> None:
         prefix, text = split_prefix(line)
@@ -99,6 +114,8 @@ class RunSink:
             self._progress(prefix, record)
             return
         self._log(line)
+        if not prefix and text.startswith("dstk: stopped by SIG"):
+            self.stopped = True
         key = (stream, prefix)
         if key in self._warning and text[:1] in (" ", "\t"):
             hidden = True  # the source line Python prints under a warning
@@ -110,14 +127,60 @@ class RunSink:
                 self._warning.add(key)
         if hidden and not self.verbose:
             return
+        if self._interrupted and not text.startswith("dstk: ") and not self.verbose:
+            return
+        if not self.verbose:
+            lines = self._traceback(key, line, _TORCH_RANK.sub("", text, count=1))
+            if lines is None:
+                return
+        else:
+            lines = [line]
         self._clear()
         target = self.out if stream == "stdout" else self.err
-        target.write(line if line.endswith("\n") else line + "\n")
+        for one in lines:
+            target.write(one if one.endswith("\n") else one + "\n")
         target.flush()
         self._draw()
 
+    def _traceback(self, key: tuple[str, str], line: str, body: str) -> list[str] | None:
+        """The lines to show now. A traceback (and what CPython prints around one: a chained exception's
+        header, ``Error in sys.excepthook:``, the object dump of an exception it could not print) is held
+        until its last line -- the first unindented line that is none of those -- and then shown whole, unless
+        it is a ``KeyboardInterrupt``: a rank's answer to the terminal's Ctrl-C, which can reach the ranks
+        (and a second time, through launch.py and the rank wrapper) before dstk's own handler runs. From then
+        on the ranks' lines stay in the log (``interrupt``)."""
+        held = self._held.get(key)
+        if held is None and not body.startswith(_BLOCK_START):
+            return [line]
+        if held is None:
+            held = self._held[key] = []
+        held.append(line)
+        if body[:1] in (" ", "\t") or not body.strip() or (
+                body.startswith(_BLOCK_GOES_ON) and body.strip() != "lost sys.stderr"):
+            return None
+        del self._held[key]
+        if any("KeyboardInterrupt" in one for one in held):
+            self._interrupted = True
+            self._held.clear()  # the other ranks' tracebacks now are the same Ctrl-C's
+            return []
+        return held
+
+    def interrupt(self) -> None:
+        """Ctrl-C reached the run (``dstk.launch.run`` calls this on KeyboardInterrupt): from now on only dstk's
+        own lines reach the terminal. Every rank and the runner answer a terminal's SIGINT with a
+        KeyboardInterrupt traceback (5 tracebacks, about 130 lines, for 2 CPU ranks) that says nothing the
+        user does not know; they stay in the log (and show with ``verbose``)."""
+        self._interrupted = True
+
     def close(self) -> None:
-        """End a progress line left on the terminal with a newline."""
+        """Show a traceback that never ended (the rank died while printing it); end a progress line left on
+        the terminal with a newline."""
+        for (stream, _prefix), lines in self._held.items():
+            self._clear()
+            target = self.out if stream == "stdout" else self.err
+            target.write("".join(one if one.endswith("\n") else one + "\n" for one in lines))
+            target.flush()
+        self._held.clear()
         if self._drawn:
             self.out.write("\n")
             self.out.flush()
@@ -201,7 +264,7 @@ def launch_logged(spec_path: str | os.PathLike, *, output_dir: str | os.PathLike
     finally:
         sink.close()
         log.close()
-    if rc != 0:
+    if rc != 0 and not sink.stopped:  # a failure's cause may be in a hidden line; a stop asked for has none
         show_tail(path)
     else:
         out.write(f"logs: {path.parent}{os.sep}  ({LOG_NAME}: the launch, DeepSpeed's and torch's own lines"

@@ -254,6 +254,42 @@ def _check_lora_layout(req: FinetuneRequest, lora, *, tp: int, pp: int, zero_sta
                              "what ZeRO shards)")
 
 
+UNSAVED_SECONDS = 600.0
+"""A run planned to take longer than this with ``--save-every 0`` (a checkpoint only at the end) is told so at its
+start: a stop (Ctrl-C, a lost node, a job's time limit) before the end would keep nothing of it."""
+
+
+def unsaved_note(*, step_seconds: float | None, num_steps: int) -> str | None:
+    """The note for a run whose only checkpoint is its last: ``num_steps`` x the plan's ``step_seconds``
+    (``plan.json`` ``time.step_seconds``, dstk's estimate for the plan's GPUs) above ``UNSAVED_SECONDS``;
+    None when it is shorter or the plan has no estimate."""
+    if not step_seconds or step_seconds * num_steps <= UNSAVED_SECONDS:
+        return None
+    total = step_seconds * num_steps
+    every = max(1, int(UNSAVED_SECONDS / step_seconds))
+    return (f"the plan puts this run at about {total / 60:.0f} min ({step_seconds:.3g} s/step x {num_steps} steps), "
+            f"with a checkpoint only at the end (--save-every 0): a stop before then keeps nothing; "
+            f"--save-every {every} saves about every {UNSAVED_SECONDS / 60:.0f} min")
+
+
+_PLAN_DIMS = (("num_layers", ("num_hidden_layers", "n_layer")), ("hidden_size", ("hidden_size", "n_embd")),
+              ("num_heads", ("num_attention_heads", "n_head")), ("ffn_hidden_size", ("intermediate_size", "n_inner")),
+              ("vocab_size", ("vocab_size",)))
+"""plan.json's model dimensions and the HF config keys that hold them (Llama-style names, then GPT-2's)."""
+
+
+def model_differences(plan_model: dict, hf_config: dict) -> list[str]:
+    """``FIELD HF vs PLAN`` for each dimension the run's HF config gives and the plan's model has otherwise:
+    a ``--plan`` run directory priced one model, and ``--model HF_DIR`` may train another."""
+    differ = []
+    for field, keys in _PLAN_DIMS:
+        theirs = next((hf_config[k] for k in keys if hf_config.get(k) is not None), None)
+        ours = plan_model.get(field)
+        if theirs is not None and ours is not None and int(theirs) != int(ours):
+            differ.append(f"{field} {int(theirs)} vs {int(ours)}")
+    return differ
+
+
 def _prepare_new(req: FinetuneRequest, out: Path, *, log) -> Path:
     from dstk.train import data as D
     from dstk.train import model as M
@@ -264,6 +300,11 @@ def _prepare_new(req: FinetuneRequest, out: Path, *, log) -> Path:
     tp, pp = int(layout.get("tp", 1)), int(layout.get("pp", 1))
     seq_len = int(plan["training"]["seq_len"])
     cfg, local_dir = M.resolve_config(req.model, plan=plan, seq_len=seq_len)
+    if req.model is not None and (differ := model_differences(plan.get("model") or {}, cfg)):
+        log(f"warning: --model {req.model} is not the model the plan in {req.run_dir} priced "
+            f"({', '.join(differ)}): its memory and step-time figures are for the plan's model, not this one; "
+            f"to plan for this one, drop --plan and give the plan flags (dstk finetune --model {req.model} --gpus N "
+            f"--output DIR ...)")
     lora = _lora_settings(req, family=str(cfg["model_type"]))
     if lora is not None:
         _check_lora_layout(req, lora, tp=tp, pp=pp, zero_stage=int((config.get("zero_optimization") or {}).get("stage", 0)),
@@ -317,6 +358,9 @@ def _prepare_new(req: FinetuneRequest, out: Path, *, log) -> Path:
             raise UsageError("no step count: the plan has no train_steps", hint="pass --steps N or --epochs E")
     if steps < 1:
         raise UsageError(f"--steps {steps}: expected >= 1", hint="e.g. --steps 20")
+    if not req.save_every and (note := unsaved_note(step_seconds=(plan.get("time") or {}).get("step_seconds"),
+                                                      num_steps=int(steps))):
+        log(f"note: {note}")
     report_to = ("csv",) if req.report_to is None else tuple(req.report_to)
     effective, notes = effective_config(config, num_steps=int(steps), metrics_dir=str((out / "logs").resolve()),
                                         report_to=report_to)

@@ -78,13 +78,18 @@ def parse_record(text: str) -> dict | None:
         return None
 
 
-def format_summary(*, num_steps: int, first_loss: float, last_loss: float, eval_loss: float | None,
+def format_summary(*, num_steps: int, first_loss: float | None, last_loss: float | None, eval_loss: float | None,
                    tokens: int, elapsed_seconds: float, export_dir: str | None, checkpoint: str | None,
                    adapter_dir: str | None = None, base_dir: str | None = None) -> str:
+    """The run's closing lines. ``first_loss`` None: this process trained no step (a ``--resume`` of a run whose
+    checkpoint already had every step), and says so instead of a loss."""
     import math
 
-    lines = [f"trained {num_steps} steps in {elapsed_seconds:.1f} s "
-             f"({tokens / max(elapsed_seconds, 1e-9):,.0f} tok/s): loss {first_loss:.4f} -> {last_loss:.4f}"]
+    if first_loss is None or last_loss is None:
+        lines = ["no step left to train: the checkpoint resumed from had every step"]
+    else:
+        lines = [f"trained {num_steps} steps in {elapsed_seconds:.1f} s "
+                 f"({tokens / max(elapsed_seconds, 1e-9):,.0f} tok/s): loss {first_loss:.4f} -> {last_loss:.4f}"]
     if eval_loss is not None:
         lines.append(f"eval loss {eval_loss:.4f}, perplexity {math.exp(min(eval_loss, 50)):.2f}")
     if checkpoint:

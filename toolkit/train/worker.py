@@ -324,7 +324,9 @@ def main(argv: list[str]) -> int:
             if rank == 0:
                 via = (f" (written by {resume_from.saved_world_size} ranks, loaded on {world} through DeepSpeed's "
                        f"universal checkpoint {root / resume_from.load_tag})" if resume_from.universal else "")
-                _say(f"resumed from {root / tag} (step {start}){via}; continuing at step {start + 1}")
+                then = (f"continuing at step {start + 1}" if start < spec.num_steps else
+                        f"that was the last of its {spec.num_steps} steps: evaluating and exporting it again")
+                _say(f"resumed from {root / tag} (step {start}){via}; {then}")
         elif rank == 0:
             _say(f"no complete checkpoint in {root}; starting from step 1")
     if rank == 0:
@@ -417,11 +419,11 @@ def main(argv: list[str]) -> int:
         from dstk.launch.run import write_atomic
 
         write_atomic(Path(spec.output_dir) / "summary.json", json.dumps(summary, indent=2) + "\n")
-        if first is not None:
-            _say(format_summary(num_steps=spec.num_steps - start, first_loss=first, last_loss=last, eval_loss=ev,
-                                tokens=summary["tokens"], elapsed_seconds=elapsed,
-                                export_dir=written.get("model_dir") if written else out, checkpoint=last_ckpt,
-                                adapter_dir=(written or {}).get("adapter_dir"), base_dir=(written or {}).get("base_model")))
+        # first is None when no step was left (a resume of a finished run): format_summary says so
+        _say(format_summary(num_steps=spec.num_steps - start, first_loss=first, last_loss=last, eval_loss=ev,
+                            tokens=summary["tokens"], elapsed_seconds=elapsed,
+                            export_dir=written.get("model_dir") if written else out, checkpoint=last_ckpt,
+                            adapter_dir=(written or {}).get("adapter_dir"), base_dir=(written or {}).get("base_model")))
     engine.destroy()
     return 0
 
