@@ -51,6 +51,9 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
         lm_head_tensors=() if tied else linear(h, vocab, False), hf_config=dict(cfg),
         # BloomAttention: q/k/v selected out of a per-head view, reshaped for baddbmm (copies).
         eager=EagerLayer(qkv_split="select", heads_reshaped=True),
+        # BloomForCausalLM declares neither _supports_sdpa nor _supports_flash_attn (transformers
+        # 5.25): attn_implementation="sdpa" or "flash_attention_2" raises, the default runs eager.
+        attention_kernels=("eager",),
     )
 
 

@@ -62,6 +62,8 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
         # per-KV-group view and selects k/v; multi-query splits the heads; classic Falcon unbinds
         # per-head (q, k, v) triples. FalconModel always builds the causal mask, so SDPA gets one
         # and k/v are repeated to the query heads (repeat_kv) wherever there are fewer of them.
+        # kv_repeated also marks "SDPA is handed a mask" for the estimator (steptime.sdpa_gets_mask:
+        # the masked kernel's rate on every score block; memory: the mask saved per layer).
         eager=EagerLayer(qkv_split="group_select" if new_arch else ("split" if multi_query else "unbind"),
                          num_norms=norms, kv_repeated=True),
     )

@@ -108,6 +108,16 @@ class ModelSpec:
     """Sizes of the output projection's tensors; empty when tied to the input embedding."""
     eager: EagerLayer = EagerLayer()
     """How HF's modeling code runs the layer (what its eager bytes depend on beyond the sizes)."""
+    attention_kernels: tuple[str, ...] = ("eager", "sdpa", "flash")
+    """The ``--attention`` kernels the family's HF class can load with (``attn_implementation``):
+    eager always; ``sdpa`` where the class declares ``_supports_sdpa``, ``flash``
+    (``flash_attention_2``) where it declares ``_supports_flash_attn`` (transformers 5.25: every
+    catalog family but BLOOM declares both; ``BloomForCausalLM`` neither, and ``from_pretrained``
+    without ``attn_implementation`` falls back to eager: ``tests/test_attention_support.py``)."""
+    sliding_window: int | None = None
+    """Sliding-window attention span (HF ``sliding_window``: Mistral-7B-v0.1's 4096); None when every
+    token attends to all before it. transformers hands SDPA an explicit mask (and repeats K/V) once
+    a sequence reaches it (``steptime.sdpa_gets_mask``)."""
     hf_config: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
     """The HF ``config.json`` keys that build the real transformers model (``model_type`` first)."""
 
@@ -121,6 +131,12 @@ class ModelSpec:
             raise ValueError(f"num_kv_heads: {self.num_kv_heads} does not divide num_heads {self.num_heads}")
         if self.experts_per_token > self.num_experts:
             raise ValueError(f"experts_per_token: {self.experts_per_token} > num_experts {self.num_experts}")
+        if "eager" not in self.attention_kernels or not set(self.attention_kernels) <= {"eager", "sdpa", "flash"}:
+            raise ValueError(f"attention_kernels: expected eager plus any of sdpa, flash, "
+                             f"got {self.attention_kernels!r}")
+        if self.sliding_window is not None and (isinstance(self.sliding_window, bool)
+                                                or not isinstance(self.sliding_window, int) or self.sliding_window < 1):
+            raise ValueError(f"sliding_window: expected a positive integer or None, got {self.sliding_window!r}")
 
     # --- counts (exact) ---------------------------------------------------------------------------
 

@@ -53,7 +53,9 @@ def test_catalog_curves_are_the_published_bars():
     assert H100.attention_fraction(kernel="flash", seq_len=8192) == pytest.approx(FA2_H100_8K / 989, abs=1e-4)
     assert H100.attention_fraction(kernel="sdpa", seq_len=8192) == pytest.approx(CUDNN_H100_8K / 989, abs=1e-4)
     assert 3.5 / (1 / 370 + 2.5 / 322) == pytest.approx(335, rel=0.01)
-    # A100: Dao 2023 Fig. 4d, causal forward + backward, 99 TFLOP/s at 512 and 189 at 16k.
+    # A100: Dao 2023 Fig. 4d, causal forward + backward, 99 TFLOP/s at 512 and 189 at 16k (the
+    # lengths between and head dim 64: tests/test_attention_headdim.py).
+    assert [s for s, _ in A100.flash_attention_efficiency] == list(hw.ATTENTION_SEQ_LENS)
     assert A100.attention_fraction(kernel="flash", seq_len=512) == pytest.approx(99 / 312, abs=1e-4)
     assert A100.attention_fraction(kernel="flash", seq_len=16384) == pytest.approx(189 / 312, abs=1e-4)
     # torch's SDPA runs FlashAttention-2 on sm80: the A100 has no sdpa curve of its own.

@@ -72,8 +72,12 @@ def test_counts_scale_with_accumulation_layers_and_parallelism():
     # TP: 4 per layer (2 forward, 2 backward), +2 under full recompute, x2 as RS+AG pairs under SP.
     assert _calls(dp=1, tp=8, stage_layers=4, grad_accum=2).tp == 32
     assert _calls(dp=1, tp=8, stage_layers=4, grad_accum=2, recompute="full", sequence_parallel=True).tp == 96
-    # PP: a send each way per micro-batch and boundary, v times interleaved.
-    assert _calls(dp=1, pp=4, grad_accum=8, virtual_stages=2).pp == 32
+    # PP: Megatron, a send each way per micro-batch and boundary, v times interleaved; DeepSpeed's
+    # pipeline engine, each tensor's blocking send and receive on an inner stage (3 + 1 each way;
+    # an end stage at pp=2 has one neighbour): tests/test_pipeline_costs.py counts them.
+    assert _calls(dp=1, pp=4, grad_accum=8, virtual_stages=2, engine="megatron").pp == 32
+    assert _calls(dp=1, pp=4, grad_accum=8).pp == 8 * 8
+    assert _calls(dp=1, pp=2, grad_accum=8).pp == 8 * 4
     assert _calls(dp=1).total == 0
     assert _calls(zero_stage=1, engine="megatron").total == 1
 

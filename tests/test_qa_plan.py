@@ -235,9 +235,10 @@ def test_a_multi_node_run_directory_gives_commands_that_run(tmp_path, capsys):
     nxt = out.strip().splitlines()[-1]
     assert nxt.startswith("next: ")
     validate, launch = (shlex.split(part) for part in nxt[len("next: "):].split("; "))
-    assert validate == ["dstk", "validate", str(out_dir / "ds_config.json")]
+    assert validate[:3] == ["dstk", "validate", str(out_dir / "ds_config.json")]
+    assert validate[3:5] == ["--world-size", "16"]  # the triad checked (tests/test_audit_fast.py: with tp/pp)
     assert launch == ["dstk", "launch", str(out_dir), "--hosts", "HOST1:8,HOST2:8", "--", "train.py"]
-    assert _run(capsys, [*validate[1:], "--world-size", "16"])[0] == 0
+    assert _run(capsys, validate[1:])[0] == 0
     assert _run(capsys, [*launch[1:2], *launch[2:3], "--dry-run", *launch[3:]])[0] == 0  # the hosts it needs
     code, _, err = _run(capsys, ["launch", str(out_dir), "--dry-run", "--", "train.py"])
     assert code != 0 and "no hosts were given" in err  # what the old line ran into

@@ -132,6 +132,7 @@ def report(plan: dict, *, usable_bytes: int | None = None, capacity_bytes: int |
             "nvme_bytes": plan.get("memory", {}).get("nvme_bytes"),
             "buffers": plan.get("memory", {}).get("per_gpu", {}).get("buffers") or [],
             "peak_buffers": plan.get("memory", {}).get("per_gpu", {}).get("peak_buffers") or [],
+            "cpu_ranks": (plan.get("cluster") or {}).get("gpu") == "cpu",
         },
         "balance": {
             "layers_per_stage": layers,
@@ -299,7 +300,8 @@ def buffer_lines(rep: dict) -> list[str]:
     from dstk.commands.estimate import buffer_terms
 
     return [line.strip() for line in buffer_terms({"buffers": rep["memory"]["buffers"],
-                                                    "peak_buffers": rep["memory"].get("peak_buffers", [])})]
+                                                    "peak_buffers": rep["memory"].get("peak_buffers", [])},
+                                                   cpu_ranks=bool(rep["memory"].get("cpu_ranks")))]
 
 
 def render_text(rep: dict, *, console=None, pictures_note: str | None = None) -> None:

@@ -15,7 +15,8 @@ Sources of the default figures:
   bandwidth with the measured Maximum Achievable Matmul FLOPS as its asymptote (Bekman,
   ml-engineering ``compute/accelerator`` MAMF table, bf16 ``matmul``: A100 SXM 267.9 of 312
   TFLOP/s = 85.9%, H100 SXM 80.1%, H100/H200 SXM 80.3%, B200 77.6%, MI250X 76.7%, MI300X 60.1%;
-  0.75 assumed for V100, A10, L40S and H100 PCIe, which the table lacks). Nothing in it is fitted to
+  ``ASSUMED_MAMF`` = 0.75 for V100, A10, L40S and H100 PCIe, which the table lacks: for V100 between
+  the published cuBLAS measurements, 0.66-0.90; none found for the others). Nothing in it is fitted to
   the published runs the time model is checked against (``benchmarks/estimate_published.py``);
 - ``num_sms``: the SM count of the datasheet, for wave quantization (NVIDIA's Matrix Multiplication
   Background User's Guide counts waves of 108 tiles of 256 x 128 on A100); set for A100 only;
@@ -24,8 +25,10 @@ Sources of the default figures:
   2024 Figs. 5-6 for H100), causal forward + backward at head dim 128 (``attention_curve``). H200
   takes H100's curves (the same sm90 die, clocks and 16-bit peak; attention at these lengths is
   bound by the tensor cores, not HBM), A100 40GB takes the 80GB's; other GPUs have no published
-  curve (``FLASH_GEMM_SHARE`` of the GEMM curve). Head dim 64 runs ~5-10% below 128 in forward
-  (FlashAttention-3 Fig. 5: 180-299 vs 191-335 TFLOP/s causal), not modelled;
+  curve (``FLASH_GEMM_SHARE`` of the GEMM curve). Head dim 64 runs 9-13% below 128 in forward +
+  backward (Dao 2023 Figs. 4c/4d, 7c/7d: ``HEAD_DIM_64_SHARE``); SDPA handed an explicit mask
+  (Falcon) runs a kernel that computes every block, at the published unmasked rates
+  (``MASKED_SDPA_EFFICIENCY``);
 - ``host_dram_bytes_per_s``: the CPU memory bandwidth of the node the GPU usually comes in
   (``NODE_HOST_DRAM``: DGX A100, DGX H100/H200), ``sockets x channels x MT/s x 8`` x a published
   STREAM triad share (``STREAM_TRIAD_FRACTION``); what offloaded optimizer steps share;
@@ -208,19 +211,31 @@ class GPU:
             return self.achievable_fraction
         return _log_linear(self.gemm_efficiency, dim)
 
-    def attention_fraction(self, *, kernel: str, seq_len: float) -> float:
+    def attention_fraction(self, *, kernel: str, seq_len: float, head_dim: float = 128) -> float:
         """Share of peak of the fused attention kernel ``kernel`` (``flash`` or ``sdpa``) over a
         causal forward + backward of ``seq_len``-long sequences, FLOPs counted as
         ``flash_attention_efficiency`` says: the ``sdpa_attention_efficiency`` curve for ``sdpa``
         where the catalog has one, else ``flash_attention_efficiency``, read log-linearly in
-        ``seq_len`` and clamped at its ends; with neither, ``FLASH_GEMM_SHARE`` x ``gemm_fraction``
-        of ``seq_len`` (the rule before the published curves)."""
+        ``seq_len`` and clamped at its ends, times the head-dim share (``HEAD_DIM_64_SHARE``: 1 at
+        head dim 128 and above, the published head-dim-64 share at 64 and below, linear between);
+        with neither curve, ``FLASH_GEMM_SHARE`` x ``gemm_fraction`` of ``seq_len`` (the rule before
+        the published curves). ``sdpa_masked``: SDPA handed an explicit mask, every score block
+        computed (``MASKED_SDPA_EFFICIENCY``, linear in head dim between its 64 and 128 curves)."""
+        t = min(max((float(head_dim) - 64.0) / 64.0, 0.0), 1.0)
+        if kernel == "sdpa_masked":
+            curves = MASKED_SDPA_EFFICIENCY.get(self.slug)
+            if not curves:
+                return FLASH_GEMM_SHARE * self.gemm_fraction(seq_len)
+            low, high = _log_linear(curves[64], seq_len), _log_linear(curves[128], seq_len)
+            return low + (high - low) * t
         curve = self.flash_attention_efficiency
         if kernel == "sdpa" and self.sdpa_attention_efficiency:
             curve = self.sdpa_attention_efficiency
         if not curve:
             return FLASH_GEMM_SHARE * self.gemm_fraction(seq_len)
-        return _log_linear(curve, seq_len)
+        share = HEAD_DIM_64_SHARE.get(self.slug)
+        low = _log_linear(share, seq_len) if share else 1.0
+        return _log_linear(curve, seq_len) * (low + (1.0 - low) * t)
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak FLOP/s for ``precision``; bf16 falls back to fp16 where bf16 is missing
@@ -291,6 +306,18 @@ def roofline_curve(*, peak_tflops: float, hbm_gbps: float, mamf: float,
     return tuple((float(d), round(mamf * d / (d + knee), 4)) for d in dims)
 
 
+ASSUMED_MAMF = 0.75
+"""The large-GEMM asymptote (``roofline_curve``'s ``mamf``) of the GPUs Bekman's MAMF table lacks: V100,
+A10, L40S, H100 PCIe. An assumption, bracketed for V100 by the published fp16 measurements: cuBLAS
+(CUDA 9) "up to 83 Tflops/s ... on a Tesla V100" of 125 = 0.66 (Markidis et al. 2018, "NVIDIA Tensor
+Core Programmability, Performance & Precision", IPDPSW, abstract), and a V100 PCIe's cuBLAS/cublasLt
+8192^3 HGEMM at ~101 of its 112 TFLOP/s = 0.90 (NVIDIA developer forum, "Understanding IPC and issue
+slot utilization when using Tensor Cores", 2019, a user's measurement); end to end, Megatron-LM's 1.2B
+on one DGX-2H V100 sustains 62.4 TFLOP/s, 48% of 130, recompute and memory-bound work included
+(NVIDIA ADLR, "MegatronLM's Supercharged V1.0"), so its GEMMs average above 0.48 at h = 1536. Priced
+as that run, 0.75 gives 1.44 s an iteration against its 1.288 (``benchmarks/estimate_published.py``,
+not fitted); 0.66 would give more. No published large-GEMM rate was found for A10, L40S or H100 PCIe."""
+
 FLASH_GEMM_SHARE = 0.75
 """A fused attention kernel's rate as a share of the ``gemm_efficiency`` curve at its sequence
 length, where the catalog has no published curve for the GPU: FlashAttention-2 reaches 50-73% of
@@ -311,10 +338,27 @@ ATTENTION_BENCHMARKS: dict[str, dict[str, tuple[float, ...]]] = {
                  "backward": (214, 260, 291, 310, 318, 322)},
     "h100-cudnn": {"forward_causal": (315, 410, 484, 518, 529, 539), "forward": (497, 574, 617, 609, 600, 595),
                    "backward": (305, 408, 465, 499, 518, 516)},
-    # A100 80GB SXM4, FP16, head dim 128, causal, forward + backward: Dao 2023 (FlashAttention-2,
-    # arXiv 2307.08691) Fig. 4d, FlashAttention-2's bars at 512 and 16k as transcribed (99 and
-    # 189 TFLOP/s; 151 and 203 without the mask, Fig. 4b); the lengths between are not transcribed.
-    "a100-fa2": {"forward_backward_causal": (99, 189)},
+    # A100 80GB SXM4, FP16, forward + backward: Dao 2023 (FlashAttention-2, arXiv 2307.08691) Fig. 4,
+    # the numbers printed on the bars, read from the figure as the flash-attention repository ships it
+    # (Dao-AILab/flash-attention ``assets/flash2_a100_fwd_bwd_benchmark.png``, the README's A100
+    # benchmark; read 3 December 2026). FlashAttention-2 with the causal mask, head dim 128 (Fig. 4d)
+    # and 64 (Fig. 4c); "xformers" (its cutlass kernel, the one torch's memory-efficient SDPA backend
+    # is built from) without the mask, head dim 128 (Fig. 4b) and 64 (Fig. 4a): what a kernel that
+    # computes every score block runs at (``MASKED_SDPA_EFFICIENCY``).
+    "a100-fa2": {"forward_backward_causal": (99, 133, 155, 173, 182, 189)},
+    "a100-fa2-hd64": {"forward_backward_causal": (88, 119, 140, 156, 165, 171)},
+    "a100-xformers": {"forward_backward": (83, 91, 95, 96, 97, 98)},
+    "a100-xformers-hd64": {"forward_backward": (68, 73, 76, 77, 75, 75)},
+    # H100 80GB SXM5, FP16, forward + backward, FlashAttention-2: Dao 2023 Fig. 7 (the repository's
+    # ``assets/flash2_h100_fwd_bwd_benchmark.png``): with the causal mask, head dim 128 (7d) and 64
+    # (7c); without it, 128 (7b) and 64 (7a). Used for the head-dim-64 share on sm90
+    # (``HEAD_DIM_64_SHARE``, ``MASKED_SDPA_EFFICIENCY``); the hd-128 curves stay the FlashAttention-3
+    # paper's above (a later FlashAttention-2 release; 7d runs 3-12% above that derived curve, whose
+    # causal backward is an assumption: 163/265/294/308/328 against 145/254/281/298/303).
+    "h100-fa2-fig7": {"forward_backward_causal": (163, 221, 265, 294, 308, 328)},
+    "h100-fa2-fig7-hd64": {"forward_backward_causal": (141, 192, 232, 257, 273, 284)},
+    "h100-fa2-fig7-nomask": {"forward_backward": (248, 294, 320, 326, 335, 338)},
+    "h100-fa2-fig7-nomask-hd64": {"forward_backward": (215, 254, 274, 288, 294, 296)},
 }
 """Published TFLOP/s of fused attention kernels (FLOPs as ``GPU.flash_attention_efficiency``
 counts them), the figures the catalog's attention curves come from (``attention_curve``)."""
@@ -322,6 +366,7 @@ counts them), the figures the catalog's attention curves come from (``attention_
 
 def attention_curve(*, peak_tflops: float, forward_causal: tuple[float, ...] = (), forward: tuple[float, ...] = (),
                     backward: tuple[float, ...] = (), forward_backward_causal: tuple[float, ...] = (),
+                    forward_backward: tuple[float, ...] = (),
                     seq_lens: tuple[int, ...] = ATTENTION_SEQ_LENS) -> tuple[tuple[float, float], ...]:
     """``(seq_len, fraction)`` points of a causal forward + backward from published per-length
     TFLOP/s: ``forward_backward_causal`` as it is, or the causal forward ``F_c`` and the
@@ -329,9 +374,14 @@ def attention_curve(*, peak_tflops: float, forward_causal: tuple[float, ...] = (
     as ``B F_c / F`` (the mask costing backward the share it costs forward; on A100 the forward +
     backward with/without the mask is 0.66 at 512 and 0.93 at 16k, Dao 2023 Fig. 4b/4d, the H100
     forward's 0.62 and 0.91), and forward + backward runs ``3.5 / (1/F_c + 2.5/B_c)``: the
-    forward's FLOPs at its rate, the backward's 2.5x at its own. Divided by ``peak_tflops``."""
-    if forward_backward_causal:
-        rates = forward_backward_causal
+    forward's FLOPs at its rate, the backward's 2.5x at its own. Divided by ``peak_tflops``.
+
+    Without the mask (every score block computed, ``MASKED_SDPA_EFFICIENCY``): ``forward_backward``
+    as it is, or ``3.5 / (1/F + 2.5/B)`` from the plain forward and backward."""
+    if forward_backward_causal or forward_backward:
+        rates = forward_backward_causal or forward_backward
+    elif not forward_causal:
+        rates = tuple(3.5 / (1.0 / f + 2.5 / b) for f, b in zip(forward, backward))
     else:
         rates = tuple(3.5 / (1.0 / fc + 2.5 / (b * fc / f)) for fc, f, b in zip(forward_causal, forward, backward))
     return tuple((float(s), round(r / peak_tflops, 4)) for s, r in zip(seq_lens, rates))
@@ -339,7 +389,62 @@ def attention_curve(*, peak_tflops: float, forward_causal: tuple[float, ...] = (
 
 _H100_FLASH = attention_curve(peak_tflops=989, **ATTENTION_BENCHMARKS["h100-fa2"])
 _H100_CUDNN = attention_curve(peak_tflops=989, **ATTENTION_BENCHMARKS["h100-cudnn"])
-_A100_FLASH = attention_curve(peak_tflops=312, seq_lens=(512, 16384), **ATTENTION_BENCHMARKS["a100-fa2"])
+_A100_FLASH = attention_curve(peak_tflops=312, **ATTENTION_BENCHMARKS["a100-fa2"])
+
+
+def _share(numerator: tuple[tuple[float, float], ...], denominator: tuple[tuple[float, float], ...],
+           ) -> tuple[tuple[float, float], ...]:
+    """Point by point ratio of two curves at the same lengths."""
+    return tuple((s, round(a / b, 4)) for (s, a), (_, b) in zip(numerator, denominator))
+
+
+_H100_FA2_HD64_SHARE = _share(attention_curve(peak_tflops=989, **ATTENTION_BENCHMARKS["h100-fa2-fig7-hd64"]),
+                              attention_curve(peak_tflops=989, **ATTENTION_BENCHMARKS["h100-fa2-fig7"]))
+HEAD_DIM_64_SHARE: dict[str, tuple[tuple[float, float], ...]] = {
+    "a100-40gb": _share(attention_curve(peak_tflops=312, **ATTENTION_BENCHMARKS["a100-fa2-hd64"]), _A100_FLASH),
+    "a100-80gb": _share(attention_curve(peak_tflops=312, **ATTENTION_BENCHMARKS["a100-fa2-hd64"]), _A100_FLASH),
+    "h100-sxm": _H100_FA2_HD64_SHARE,
+    "h200": _H100_FA2_HD64_SHARE,
+}
+"""A causal fused kernel's rate at head dim 64 over its rate at 128, per sequence length: the
+published FlashAttention-2 forward + backward pairs (A100: Dao 2023 Fig. 4c over 4d, 0.89 at 512,
+0.90 at 16k; H100: Fig. 7c over 7d, 0.87-0.89). With fewer FLOPs per score a head-dim-64 block
+spends a larger share on the softmax and on loading tiles. Applied to both the ``flash`` and the
+``sdpa`` curves (H100's cuDNN has no published causal head-dim-64 forward + backward: the
+FlashAttention-2 share is assumed). ``GPU.attention_fraction`` reads it linearly in head dim between
+64 and 128 (80 and 96, GPT-NeoX/Pythia and Phi-3: between, an assumption) and clamps outside: 32
+runs at 64's share, 256 (Gemma) at 128's rate (Dao 2023 publishes no other head dim). Keyed by the
+catalog slug: a ``--hardware`` profile's curves for these GPUs keep the share; a GPU of another
+slug runs every head dim at its curve's rate."""
+
+_H100_CUDNN_NOMASK = attention_curve(peak_tflops=989, forward=ATTENTION_BENCHMARKS["h100-cudnn"]["forward"],
+                                     backward=ATTENTION_BENCHMARKS["h100-cudnn"]["backward"])
+_H100_MASKED = {
+    128: _H100_CUDNN_NOMASK,
+    64: tuple((s, round(f * r, 4)) for (s, f), (_, r) in zip(_H100_CUDNN_NOMASK, _share(
+        attention_curve(peak_tflops=989, **ATTENTION_BENCHMARKS["h100-fa2-fig7-nomask-hd64"]),
+        attention_curve(peak_tflops=989, **ATTENTION_BENCHMARKS["h100-fa2-fig7-nomask"])))),
+}
+_A100_MASKED = {128: attention_curve(peak_tflops=312, **ATTENTION_BENCHMARKS["a100-xformers"]),
+                64: attention_curve(peak_tflops=312, **ATTENTION_BENCHMARKS["a100-xformers-hd64"])}
+MASKED_SDPA_EFFICIENCY: dict[str, dict[int, tuple[tuple[float, float], ...]]] = {
+    "a100-40gb": _A100_MASKED, "a100-80gb": _A100_MASKED, "h100-sxm": _H100_MASKED, "h200": _H100_MASKED}
+"""Share of peak, by head dim, of the kernel torch's SDPA runs when it is handed an explicit
+``attn_mask`` (transformers' Falcon always builds one: ``FalconModel`` calls ``create_causal_mask``
+with ``allow_is_causal_skip=False``, and ``sdpa_attention_forward`` then passes ``is_causal=False``).
+FlashAttention-2 refuses a mask (``check_for_attn_mask`` in ``aten/.../sdp_utils_cpp.h``), so sm80
+runs the memory-efficient kernel (xformers' cutlass kernel; torch 2.13's default priority is flash,
+efficient, math, cuDNN: ``sdp_priority_order`` in ``ATen/Context.h``), and
+sm90 with torch 2.11+ cuDNN, which takes a mask (``can_use_cudnn_attention`` checks only its shape,
+``check_attn_mask_shape``). Neither is told the bias is causal (``is_causal=False``), so neither
+skips the blocks above the diagonal (read from their interfaces, not measured on a GPU here):
+every score block runs, at the published rates *without* the causal mask, on the
+full ``4 s^2 d h`` forward FLOPs. A100: Dao 2023 Fig. 4b/4a, xformers' bars; H100/H200: cuDNN's
+forward and backward without the mask (Shah et al. 2024 Figs. 5-6) at head dim 128, times
+FlashAttention-2's head-dim-64 share without the mask (Dao 2023 Fig. 7a over 7b) at 64 (an
+assumption). The bias tile each block reads (``b s^2 w`` a head, from L2 when heads share it) is
+not priced beyond what these rates include: none, as the benchmarks ran without one. Other GPUs:
+``FLASH_GEMM_SHARE`` of the GEMM curve, on the full FLOPs."""
 
 
 def dram_peak_bytes_per_s(*, sockets: int, channels_per_socket: int, mega_transfers_per_s: float) -> float:
@@ -348,14 +453,18 @@ def dram_peak_bytes_per_s(*, sockets: int, channels_per_socket: int, mega_transf
     return sockets * channels_per_socket * mega_transfers_per_s * 1e6 * 8
 
 
-STREAM_TRIAD_FRACTION = {"xeon-8480": 372.228 * GiB / 614.4e9, "epyc-7742": 206.751 * GiB / 409.6e9}
+STREAM_TRIAD_FRACTION = {"xeon-8480": 372.228 * GiB / 614.4e9, "epyc-7742": 206.751 * GiB / 409.6e9,
+                         "xeon-e5-v4": 89.076 * GiB / 153.6e9}
 """STREAM triad over the DRAM peak, two-socket nodes with all cores (one MPI rank a core), as
 published in simon-r/My_Stream_Benchmark ``RESULTS.md`` (commit 11d386cd), whose "GB/s" are GiB/s
 (``src/my_stream_MPI.c`` divides by 1024^3) and whose triad ``d = s a + b`` counts 3 words an
 element: 2 x Xeon Platinum 8480+ 372.2 GiB/s = 399.7 GB/s of 614.4 (8 x DDR5-4800 a socket) =
-0.65; 2 x EPYC 7742 206.8 GiB/s = 222.0 GB/s of 409.6 (8 x DDR4-3200 a socket) = 0.54. The DIMM
-population is not stated. A conservative figure for CPU Adam: the triad's ordinary stores to a
-third array also read each line first (write-allocate, not in STREAM's count), while CPU Adam
+0.65; 2 x EPYC 7742 206.8 GiB/s = 222.0 GB/s of 409.6 (8 x DDR4-3200 a socket) = 0.54; 2 x Xeon
+E5-2695 v4 (Broadwell-EP) 89.1 GiB/s = 95.6 GB/s of 153.6 (4 x DDR4-2400 a socket, the part's top
+speed) = 0.62. The DIMM population is not stated. A node of a newer CPU of the same platform takes
+its predecessor's share (Emerald Rapids the Sapphire Rapids 8480's, Zen 3 EPYC the Zen 2 7742's).
+A conservative figure for CPU Adam: the triad's ordinary stores to a third array also read each
+line first (write-allocate, not in STREAM's count), while CPU Adam
 writes only lines it has just read, so it can move up to 4/3 of these bytes per second
 (``benchmarks/cpu_adam.py`` on the project's machine: 1.06-1.97x faster than a triad's count
 predicts, medians of three loaded runs; docs/estimate.md "Offloaded optimizer step")."""
@@ -371,15 +480,35 @@ NODE_HOST_DRAM: dict[str, float] = {
     * STREAM_TRIAD_FRACTION["xeon-8480"],
     "h200": dram_peak_bytes_per_s(sockets=2, channels_per_socket=8, mega_transfers_per_s=4800)
     * STREAM_TRIAD_FRACTION["xeon-8480"],
+    # DGX-1 (V100): 2 x Intel Xeon E5-2698 v4 (4 channels a socket), 512 GB of DDR4-2133 (NVIDIA's
+    # DGX-1 datasheet). The 16-GPU DGX-2 (2 x Xeon Platinum 8168, 6 x DDR4-2666 a socket) is not the
+    # catalog's 8-GPU node.
+    "v100-32gb": dram_peak_bytes_per_s(sockets=2, channels_per_socket=4, mega_transfers_per_s=2133)
+    * STREAM_TRIAD_FRACTION["xeon-e5-v4"],
+    # DGX B200: 2 x Intel Xeon Platinum 8570, 2 TB on 32 DIMMs (NVIDIA DGX B200 User Guide, "Hardware
+    # Overview"): 2 DIMMs on each of 8 channels a socket, where Intel rates 5th-gen Xeon at DDR5-4400
+    # (5600 with one DIMM a channel).
+    "b200": dram_peak_bytes_per_s(sockets=2, channels_per_socket=8, mega_transfers_per_s=4400)
+    * STREAM_TRIAD_FRACTION["xeon-8480"],
+    # HPE Cray EX235a (Frontier / Crusher, 8 GCDs a node, OLCF's system guides): 1 x AMD EPYC 7A53
+    # "Trento" (Zen 3), 512 GB of DDR4-3200 on 8 channels (OLCF: 205 GB/s peak).
+    "mi250x": dram_peak_bytes_per_s(sockets=1, channels_per_socket=8, mega_transfers_per_s=3200)
+    * STREAM_TRIAD_FRACTION["epyc-7742"],
     # The project's 2-core machine: torch triads of `benchmarks/cpu_adam.py` and its earlier
     # versions, 15-70 GB/s over nine runs at load 3-8 (other sessions' tests running); the cpu
     # entry's streaming figure (hbm_bytes_per_s), as the ranks and their host are one memory.
     "cpu": 35 * GB,
 }
 """Sustained DRAM bandwidth of the node each GPU usually comes in (``GPU.host_dram_bytes_per_s``):
-``dram_peak_bytes_per_s x STREAM_TRIAD_FRACTION``. GPUs sold in many different servers (V100,
-A10, L40S, H100 PCIe, B200, MI250X, MI300X) have none: ``HOST_DRAM_FALLBACK_BYTES_PER_S``; set
-``host_dram_gbps`` in a ``--hardware`` file for your node."""
+``dram_peak_bytes_per_s x STREAM_TRIAD_FRACTION``, for GPUs with a vendor reference node (DGX-1,
+DGX A100, DGX H100/H200, DGX B200, HPE Cray EX235a). GPUs sold in many different servers (A10,
+L40S, H100 PCIe, and MI300X, whose 8-GPU platform AMD ships to server makers without a host of its
+own) have none: ``HOST_DRAM_FALLBACK_BYTES_PER_S``, and the estimate says so
+(``host_optimizer_note``); set ``host_dram_gbps`` in a ``--hardware`` file for your node."""
+
+HOST_DRAM_NODES = {"a100-40gb": "DGX A100", "a100-80gb": "DGX A100", "h100-sxm": "DGX H100", "h200": "DGX H200",
+                   "v100-32gb": "DGX-1", "b200": "DGX B200", "mi250x": "HPE Cray EX235a", "cpu": "this machine"}
+"""The reference node behind each ``NODE_HOST_DRAM`` row, named in the estimate's note."""
 
 HOST_DRAM_FALLBACK_BYTES_PER_S = NODE_HOST_DRAM["a100-80gb"]
 """Where the node is not known: the DGX A100's 222.0 GB/s, the least of the catalog's 8-GPU nodes."""
@@ -391,24 +520,83 @@ the parameter (16) and stores the last three (12), in place, with ordinary store
 just read (no extra read for ownership)."""
 
 
-def host_optimizer_bytes_per_param(*, optimizer: str, precision: str, unscale: bool = True) -> float:
+GRADIENT_CLIPPING_DEFAULT = 1.0
+"""DeepSpeed 0.19.8's ``gradient_clipping`` where a config leaves it out (``runtime/constants.py``
+``GRADIENT_CLIPPING_DEFAULT``: clipping on, at 1.0), and dstk's own default (``--grad-clip``)."""
+
+
+def host_unscale_runs(*, zero_stage: int, precision: str, gradient_clipping: float = GRADIENT_CLIPPING_DEFAULT,
+                      loss_scale: float = 0.0) -> bool:
+    """Whether DeepSpeed 0.19.8's offloaded step rescales the fp32 CPU gradient partition before the
+    CPU optimizer (``unscale_and_clip_grads``: ``grad.mul_(1 / combined_scale)``, read 4, write 4):
+
+    - ZeRO-3 (``stage3.py``): always; its ``unscale_and_clip_grads`` has no early return, so it
+      multiplies by 1 / 1 in bf16 with clipping off;
+    - ZeRO-1/2 (``stage_1_and_2.py``): unless ``clip_grad == 0.0 and loss_scale == 1.0``. The loss
+      scale is 1 in bf16 and fp32 (``fp16/loss_scaler.py`` ``CreateLossScaler``: a static scaler of
+      1.0 for every dtype but fp16); in fp16 it is ``fp16.loss_scale``, or ``2^initial_scale_power``
+      (65536 at first) where that is 0, dynamic, the default. So bf16/fp32 with ``gradient_clipping``
+      0 skip it, and fp16 skips it only with a static loss scale of 1 and clipping 0.
+
+    ``loss_scale``: the config's ``fp16.loss_scale`` (0: dynamic); read in fp16 only."""
+    if zero_stage >= 3:
+        return True
+    scale = loss_scale if precision == "fp16" else 1.0  # 0 (dynamic) starts at 2^16: never 1 here
+    return gradient_clipping > 0 or scale != 1.0
+
+
+def host_overflow_check_bytes_per_param(*, zero_stage: int, precision: str) -> float:
+    """Host DRAM bytes per parameter of the overflow check before an offloaded step (DeepSpeed 0.19.8):
+
+    - ZeRO-3 in fp16 only (``_overflow_check_and_loss_scale_update`` calls ``check_overflow`` when
+      ``self.dtype == torch.float16``; bf16's ``check_grad_overflow`` is not read there).
+      ``has_overflow`` runs ``torch.isinf(buf).any()`` and ``torch.isnan(buf).any()`` on
+      ``grad_partitions_flat_buffer``, which lives on the host under offload (``self.device`` is
+      cpu) in the gradient accumulation dtype (the model's, g = 2 B, unless
+      ``data_types.grad_accum_dtype`` says otherwise). torch 2.13 runs ``isinf`` as ``abs`` then
+      ``eq`` and ``isnan`` as ``ne`` (its profiler lists ``aten::abs``, ``aten::eq``, ``aten::ne``):
+      abs reads g and writes g, eq and ne each read g and write a 1-byte mask, the two ``any``
+      read 1 each: 4 g + 4 = 12 B. A floor: ``abs``, ``eq`` and ``ne`` allocate their outputs, and
+      fresh host pages fault in far below DRAM speed; ``benchmarks/cpu_adam.py``'s ``z3 fp16``
+      step ran 2.5-7x slower than its 54 B predict on the project's machine (``abs`` of 50M fp32
+      into a new tensor 172 ms, into an existing one 23 ms), where the other steps are within
+      0.6-2x. Not priced beyond the bytes: no node measurement.
+    - ZeRO-1/2: nothing on the host. ``local_overflow`` is set on the GPU gradient of each
+      parameter as it is copied down (``update_offload_overflow_tracker_for_param_grad``:
+      ``has_inf_or_nan``, an ``amax`` and an ``amin`` on the GPU), and only a flag is all-reduced.
+
+    The gradient norm is not taken on the host either: both stages take each parameter's norm on
+    the GPU (``set_norm_for_param_grad_in_gpu``; ZeRO-3's ``_constant_buffered_norm2`` of the
+    partition moved back to the GPU) and add them up with one ``.item()`` a parameter
+    (``complete_grad_norm_calculation_for_cpu_offload``); those GPU reads are not priced."""
+    return 4 * 2 + 4.0 if zero_stage >= 3 and precision == "fp16" else 0.0
+
+
+def host_optimizer_bytes_per_param(*, optimizer: str, precision: str, zero_stage: int,
+                                   gradient_clipping: float = GRADIENT_CLIPPING_DEFAULT,
+                                   loss_scale: float = 0.0) -> float:
     """DRAM bytes per parameter of one offloaded optimizer step on the host, as DeepSpeed 0.19.8
     runs it (``stage_1_and_2.py`` ``step`` under ``cpu_offload``; ``stage3.py`` ``step``):
 
-    - ``unscale_and_clip_grads``: ``grad.mul_(1 / combined_scale)`` on the fp32 CPU gradient, read
-      and write 4. ZeRO-3 always runs it; ZeRO-1/2 skip it only with ``gradient_clipping`` 0 and no
-      loss scale (DeepSpeed's default clipping is 1.0): ``unscale=False`` leaves it out;
+    - the overflow check, ZeRO-3 in fp16 only: 12 (``host_overflow_check_bytes_per_param``);
+    - ``unscale_and_clip_grads`` on the fp32 CPU gradient, read 4 and write 4, where it runs
+      (``host_unscale_runs``: always under ZeRO-3; under ZeRO-1/2 unless clipping is 0 and the loss
+      scale 1);
     - the CPU optimizer: Adam 28 (``CPU_ADAM_BYTES_PER_PARAM``); a one-state optimizer
       (Lion, SGD with momentum) reads and writes one state less, 20;
     - the fp32 master copied into the 16-bit buffer (``bit16_partition_buffer.data.copy_``;
       ZeRO-3's ``fp16_partitioned_groups_flat[...].copy_`` converts on the host before the
       transfer): read 4, write ``w`` (2, or 4 in fp32 training).
 
-    Adam in bf16: 8 + 28 + 6 = 42."""
+    Adam: bf16 42 (34 under ZeRO-1/2 with ``gradient_clipping`` 0); fp16 42 under ZeRO-1/2 and 54
+    under ZeRO-3."""
     states = {"adamw": 2, "adam": 2, "sgd": 1, "lion": 1, "adafactor": 1}.get(optimizer, 2)
     update = 4 * (2 + states) + 4 * (1 + states)
     cast = 4 + (4 if precision == "fp32" else 2)
-    return (8.0 if unscale else 0.0) + update + cast
+    unscale = host_unscale_runs(zero_stage=zero_stage, precision=precision, gradient_clipping=gradient_clipping,
+                                loss_scale=loss_scale)
+    return ((8.0 if unscale else 0.0) + update + cast
+            + host_overflow_check_bytes_per_param(zero_stage=zero_stage, precision=precision))
 
 
 def host_optimizer_seconds(*, params_per_rank: float, ranks_per_node: int, host_dram_bytes_per_s: float,
@@ -417,8 +605,41 @@ def host_optimizer_seconds(*, params_per_rank: float, ranks_per_node: int, host_
     moment (the end of the step), and the CPU optimizer is bound by DRAM bandwidth (AVX512/AVX2 over
     OpenMP threads, a few FLOPs per 28-42 bytes), so the ranks share the node's bandwidth:
     ``params_per_rank x bytes_per_param x ranks_per_node / host_dram_bytes_per_s``.
-    ``benchmarks/cpu_adam.py`` checks it against DeepSpeed's CPU Adam with 1 and 2 processes."""
+    ``benchmarks/cpu_adam.py`` checks it against DeepSpeed's CPU Adam with 1 and 2 processes.
+
+    Not priced, for want of a source that measures them (``host_optimizer_note`` says so):
+    threads and NUMA. DeepSpeed's runner sets ``OMP_NUM_THREADS`` (to cores / ranks, with a
+    ``numactl`` binding) only under ``--bind_cores_to_rank`` (``launcher/launch.py``); without it
+    each rank's ``#pragma omp parallel for`` (``csrc/includes/cpu_adam.h``) runs torch's default
+    of one thread a physical core, so 8 ranks stepping at once put 8 threads on each core, and
+    unbound threads read the other socket's memory half the time. torchrun sets
+    ``OMP_NUM_THREADS=1`` where it starts more than one process a node (``torch/distributed/run.py``):
+    one core a rank, which may not reach the node's bandwidth."""
     return params_per_rank * bytes_per_param * ranks_per_node / host_dram_bytes_per_s
+
+
+def host_optimizer_note(*, cluster: "Cluster") -> str | None:
+    """One line for an offloaded step's why lines and notes: which node bandwidth the CPU optimizer
+    step was priced at (the reference node's, a ``--hardware`` file's, or the fallback, assumed),
+    and that a default ``deepspeed`` launch oversubscribes the node's cores (not priced), with the
+    fix. None for CPU ranks (their host is the machine the catalog measured)."""
+    gpu = cluster.gpu
+    if gpu.is_cpu:
+        return None
+    bw, own, ranks = cluster.host_dram_bytes_per_s, gpu.host_dram_bytes_per_s, cluster.gpus_per_node
+    if own is None:
+        head = (f"CPU optimizer step priced at an assumed {bw / GB:.0f} GB/s of node DRAM (a DGX A100's): "
+                f"no reference node for the {gpu.name}; set gpus.{gpu.slug}.host_dram_gbps in a --hardware file")
+    elif own == NODE_HOST_DRAM.get(gpu.slug) and gpu.slug in HOST_DRAM_NODES:
+        head = (f"CPU optimizer step priced at the {HOST_DRAM_NODES[gpu.slug]}'s {bw / GB:.0f} GB/s of DRAM "
+                f"(STREAM triad share of its channels' peak)" + (f", shared by its {ranks} ranks" if ranks > 1 else ""))
+    else:
+        head = f"CPU optimizer step priced at the --hardware file's {bw / GB:.0f} GB/s of node DRAM"
+    if ranks < 2:
+        return head
+    return (f"{head}; a `deepspeed` launch without --bind_cores_to_rank leaves OMP_NUM_THREADS unset, so each "
+            f"rank's CPU Adam runs a thread on every core, {ranks} threads a core at the step (not priced); "
+            f"fix: dstk launch --env OMP_NUM_THREADS=<physical cores / {ranks}>")
 
 
 def _gpu(slug, name, mem_gib, bf16, fp16, fp32, link_gb, host_gb, frac=0.5, link_eff=0.8, overhead_gib=1.0,
@@ -437,15 +658,19 @@ def _gpu(slug, name, mem_gib, bf16, fp16, fp32, link_gb, host_gb, frac=0.5, link
 
 # hbm_gb: datasheet bandwidth (GB/s); mamf: Bekman's MAMF table (ml-engineering, compute/accelerator,
 # bf16 matmul: A100 SXM 85.9%, H100 SXM 80.1%, H100/H200 SXM 80.3%, B200 77.6%, MI250X 76.7%,
-# MI300X 60.1%); where the table has no row (V100, A10, L40S, H100 PCIe) 0.75 is assumed.
+# MI300X 60.1%); where the table has no row (V100, A10, L40S, H100 PCIe) ASSUMED_MAMF (0.75, bracketed for
+# V100 by published measurements; none found for the other three: see its docstring).
 # sms: the A100's 108 SMs, the wave NVIDIA's Matrix Multiplication Background User's Guide
 # ("Wave quantization") counts with 256 x 128 tiles; the other GPUs' waves are not priced (None).
 # flash / sdpa: the attention curves of ATTENTION_BENCHMARKS (A100: FlashAttention-2 for both, torch's
 # SDPA runs its flash backend on sm80; H100/H200: FlashAttention-2, and cuDNN for SDPA on torch 2.11+).
 GPUS: dict[str, GPU] = {g.slug: g for g in (
-    _gpu("v100-32gb", "NVIDIA V100 SXM2 32GB", 32, None, 125, 15.7, 150, 16, frac=0.45, hbm_gb=900, mamf=0.75),
-    _gpu("a10", "NVIDIA A10 24GB", 22.5, 125, 125, 31.2, 32, 32, frac=0.4, link_eff=0.7, hbm_gb=600, mamf=0.75),
-    _gpu("l40s", "NVIDIA L40S 48GB", 45, 362, 362, 91.6, 32, 32, frac=0.4, link_eff=0.7, hbm_gb=864, mamf=0.75),
+    _gpu("v100-32gb", "NVIDIA V100 SXM2 32GB", 32, None, 125, 15.7, 150, 16, frac=0.45, hbm_gb=900,
+         mamf=ASSUMED_MAMF),
+    _gpu("a10", "NVIDIA A10 24GB", 22.5, 125, 125, 31.2, 32, 32, frac=0.4, link_eff=0.7, hbm_gb=600,
+         mamf=ASSUMED_MAMF),
+    _gpu("l40s", "NVIDIA L40S 48GB", 45, 362, 362, 91.6, 32, 32, frac=0.4, link_eff=0.7, hbm_gb=864,
+         mamf=ASSUMED_MAMF),
     _gpu("a100-40gb", "NVIDIA A100 SXM4 40GB", 40, 312, 312, 19.5, 300, 32, frac=0.55, hbm_gb=1555, mamf=0.859,
          sms=108, flash=_A100_FLASH),
     _gpu("a100-80gb", "NVIDIA A100 SXM4 80GB", 80, 312, 312, 19.5, 300, 32, frac=0.55, hbm_gb=2039, mamf=0.859,
@@ -453,7 +678,7 @@ GPUS: dict[str, GPU] = {g.slug: g for g in (
     _gpu("h100-sxm", "NVIDIA H100 SXM5 80GB", 79.6, 989, 989, 67, 450, 64, frac=0.45, hbm_gb=3350, mamf=0.801,
          flash=_H100_FLASH, sdpa=_H100_CUDNN),
     _gpu("h100-pcie", "NVIDIA H100 PCIe 80GB", 79.6, 756, 756, 51, 64, 64, frac=0.42, link_eff=0.7, hbm_gb=2000,
-         mamf=0.75),
+         mamf=ASSUMED_MAMF),
     _gpu("h200", "NVIDIA H200 SXM 141GB", 140.4, 989, 989, 67, 450, 64, frac=0.47, hbm_gb=4800, mamf=0.803,
          flash=_H100_FLASH, sdpa=_H100_CUDNN),
     _gpu("b200", "NVIDIA B200 180GB", 179, 2250, 2250, 80, 900, 64, frac=0.4, hbm_gb=8000, mamf=0.776),

@@ -1481,7 +1481,7 @@ def estimate_args(args):
         tokens=args.tokens or t.num_tokens, zero=c.zero_stage, tp=c.tp, pp=c.pp, micro_batch=c.micro_batch,
         offload_optimizer=c.offload_optimizer, offload_params=c.offload_params, recompute=c.recompute,
     )
-    if args.attention == "sdpa" and t.attention != "sdpa":
+    if args.attention is None and t.attention is not None:
         values["attention"] = t.attention
     values["from_file"] = None
     return argparse.Namespace(**values)

@@ -64,9 +64,9 @@ def _choice(name: str, value, choices: tuple[str, ...], *, allow_none: bool = Fa
         raise ValueError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
 
 
-def _fraction(name: str, value, *, low: float, high: float) -> None:
-    if not (low <= value < high):
-        raise ValueError(f"{name}: expected a number in [{low}, {high}), got {value!r}")
+def _fraction(name: str, value, *, low: float, high: float, high_included: bool = False) -> None:
+    if not (low <= value < high or high_included and value == high):
+        raise ValueError(f"{name}: expected a number in [{low}, {high}{']' if high_included else ')'}, got {value!r}")
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
@@ -167,8 +167,9 @@ class TrainingIntent:
     """bf16, fp16 or fp32; default bf16 where the GPU has it, else fp16 (V100)."""
     optimizer: str = "adamw"
     """adamw, adam, sgd, lion or adafactor."""
-    attention: str = "sdpa"
-    """Attention kernel: sdpa, flash or eager (eager materialises the score matrix)."""
+    attention: str | None = None
+    """Attention kernel: sdpa, flash or eager (eager materialises the score matrix); default sdpa where
+    the model's HF class has it, else eager (BLOOM)."""
     lr: float = 3e-4
     """Peak learning rate."""
     min_lr_ratio: float = 0.1
@@ -202,11 +203,11 @@ class TrainingIntent:
             _positive(f"training.{name}", getattr(self, name))
         _choice("training.precision", self.precision, PRECISIONS, allow_none=True)
         _choice("training.optimizer", self.optimizer, OPTIMIZERS)
-        _choice("training.attention", self.attention, ATTENTIONS)
+        _choice("training.attention", self.attention, ATTENTIONS, allow_none=True)
         _choice("training.schedule", self.schedule, SCHEDULES)
         if not self.lr > 0:
             raise ValueError(f"training.lr: expected a positive learning rate, got {self.lr!r}")
-        _fraction("training.min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0 + 1e-12)
+        _fraction("training.min_lr_ratio", self.min_lr_ratio, low=0.0, high=1.0, high_included=True)
         if self.weight_decay < 0:
             raise ValueError(f"training.weight_decay: expected >= 0, got {self.weight_decay!r}")
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
@@ -237,10 +238,11 @@ class TrainingIntent:
             raise ValueError(f"training.global_batch_tokens: {self.global_batch_tokens} tokens is more than "
                              f"{MAX_GLOBAL_BATCH:,} sequences of {self.seq_len}, more than dstk plans for")
         if self.global_batch_tokens is not None and self.global_batch_tokens % self.seq_len:
+            near = sorted({max(1, self.global_batch_tokens // self.seq_len) * self.seq_len,
+                           (self.global_batch_tokens // self.seq_len + 1) * self.seq_len})  # below seq_len: one
             raise ValueError(
                 f"training.global_batch_tokens: {self.global_batch_tokens} is not a multiple of seq_len "
-                f"{self.seq_len} -- fix: nearest: {max(1, self.global_batch_tokens // self.seq_len) * self.seq_len} "
-                f"or {(self.global_batch_tokens // self.seq_len + 1) * self.seq_len}"
+                f"{self.seq_len} -- fix: nearest: {' or '.join(map(str, near))}"
             )
 
     @property
@@ -262,15 +264,17 @@ class TrainingIntent:
 
     def to_training(self) -> Training:
         """The shared ``Training`` the estimator and renderers speak (an unresolved precision is
-        bf16 here; ``dstk.plan.resolve`` sets it from the GPU first)."""
+        bf16 here, an unresolved attention sdpa; ``dstk.plan.resolve`` sets them from the GPU and
+        the model first)."""
         return Training(
             seq_len=self.seq_len,
             global_batch=self.sequences_per_step,
             precision=self.precision or "bf16",
             optimizer=self.optimizer,
-            attention=self.attention,
+            attention=self.attention or "sdpa",
             num_tokens=self.num_tokens,
             lora=self.lora,
+            grad_clip=self.grad_clip,
         )
 
     @property
@@ -568,8 +572,14 @@ def _where(source: str, marks: dict, field: str) -> str:
 
 
 def _field_help(cls: type, key: str) -> str:
+    """The fix line of a refused value: what the field is and, where it has one, that leaving it
+    out gives the default (the line was the field's description alone: "fix: lr: Peak learning rate.")."""
     doc = FIELD_DOCS.get((cls.__name__, key))
-    return f"{key}: {doc}" if doc else f"see `dstk plan --help` for {key}"
+    field = next((f for f in dataclasses.fields(cls) if f.name == key), None)
+    default = field.default if field is not None else dataclasses.MISSING
+    keep = ("" if default is dataclasses.MISSING or default is None
+            else f"; give a value the message above allows, or leave it out for the default {default!r}")
+    return (f"{key}: {doc.rstrip('.')}{keep}" if doc else f"see `dstk plan --help` for {key}{keep}")
 
 
 def _split_fix(exc: ValueError) -> tuple[str, str | None]:

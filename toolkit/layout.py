@@ -229,6 +229,9 @@ class Training:
     """Token budget of the whole run, for a time-to-train figure; None when unknown."""
     lora: Lora | None = None
     """LoRA adapters on a frozen base; None: every parameter trains."""
+    grad_clip: float = 1.0
+    """Gradient clipping norm (DeepSpeed's ``gradient_clipping``; 0 = off). Under optimizer offload
+    it decides whether ZeRO-1/2 rescale the CPU gradient (``dstk.hardware.host_unscale_runs``)."""
 
     def __post_init__(self) -> None:
         _positive("seq_len", self.seq_len)
@@ -236,6 +239,8 @@ class Training:
         _choice("precision", self.precision, PRECISIONS)
         _choice("optimizer", self.optimizer, OPTIMIZERS)
         _choice("attention", self.attention, ATTENTIONS)
+        if not isinstance(self.grad_clip, (int, float)) or isinstance(self.grad_clip, bool) or not self.grad_clip >= 0:
+            raise ValueError(f"grad_clip: expected a number >= 0 (0 = off), got {self.grad_clip!r}")
         if self.num_tokens is not None:
             _positive("num_tokens", self.num_tokens)
 

@@ -414,7 +414,9 @@ def pick(candidates: list[Candidate], *, tie_fraction: float = TIE_FRACTION,
     shards something (``not shards_nothing``) whenever one fits; a layout over one data-parallel
     rank wins only when nothing else fits (``why_lines`` and ``dp1_zero_line`` say so). Unpinned,
     ZeRO-0 at the same layout is a candidate with the same predicted time and is simpler, so ZeRO
-    over one rank wins only on memory."""
+    over one rank wins only on memory; except under a DeepSpeed pipeline in bf16, where ZeRO-0 runs
+    ``BF16_Optimizer``'s per micro-batch gradient passes (``steptime.bf16_pipe_grad_bytes_per_param``)
+    and ZeRO-1 can win on time (``dp1_zero_line`` says so)."""
     if not candidates:
         return []
     by_time = sorted(candidates, key=lambda c: (c.step_seconds, simplicity(c.layout), c.total_bytes))
@@ -509,9 +511,13 @@ def idle_zero_text(layout: Layout) -> str:
             f"copies (the estimate prices them on CPU ranks only); pin --dp 1 to run it anyway, or --zero 0 for that layout")
 
 
-def dp1_zero_line(layout: Layout, *, twin_bytes: int | None, usable_bytes: int, zero_pinned: bool) -> str | None:
+def dp1_zero_line(layout: Layout, *, twin_bytes: int | None, usable_bytes: int, zero_pinned: bool,
+                  twin_step_seconds: float | None = None, step_seconds: float | None = None) -> str | None:
     """The why line of a winner with ZeRO over one data-parallel rank: what it buys and what to drop.
-    ``twin_bytes``: per-GPU bytes of the same layout with ZeRO-0 and no offload (None: unknown)."""
+    ``twin_bytes``: per-GPU bytes of the same layout with ZeRO-0 and no offload (None: unknown);
+    ``twin_step_seconds``/``step_seconds``: that twin's and the winner's step (a twin over 0.5% slower
+    is named: under a pipeline DeepSpeed runs ZeRO-0 in bf16 through ``BF16_Optimizer``, which
+    ``steptime.bf16_pipe_grad_bytes_per_param`` prices every micro-batch)."""
     if not shards_nothing(layout):
         return None
     z = layout.zero_stage
@@ -525,6 +531,12 @@ def dp1_zero_line(layout: Layout, *, twin_bytes: int | None, usable_bytes: int, 
     if twin is not None and twin_bytes > usable_bytes:
         return f"{line}: it is kept for memory ({twin}){pins}"
     line += " and still runs its hooks and copies (the estimate prices them on CPU ranks only)"
+    if (not zero_pinned and twin_step_seconds is not None and step_seconds
+            and twin_step_seconds > 1.005 * step_seconds):
+        why = (": under a pipeline DeepSpeed runs ZeRO-0 in bf16 through BF16_Optimizer, which zeroes and copies "
+               "every gradient once a micro-batch" if layout.pp > 1 else "")
+        return (f"{line}; it wins on time: ZeRO-0 at the same layout takes {twin_step_seconds:.3g} s/step "
+                f"against {step_seconds:.3g}{why}")
     if twin is None:
         return line + pins
     return f"{line}{pins}: drop --zero {z} ({twin})" if zero_pinned else f"{line}; it wins on headroom only ({twin})"
@@ -534,13 +546,37 @@ def _time(est) -> Any:
     return est.time
 
 
+def tp_against_pipeline_text(alt: Candidate, winner: Candidate) -> str | None:
+    """Why tensor parallelism (``alt``, no pipeline) lost to a pipeline without TP (``winner``), when
+    the playbook would put TP inside a node first: what each gives up, in seconds per step. TP: its
+    all-reduces on the critical path (AutoTP overlaps none) and the rest of its compute beyond the
+    pipeline's, net of the pipeline's slowest stage (AutoTP splits the matrices, not the memory-bound
+    norms and residual adds, which run whole on every rank); the pipeline: its bubble and its blocking
+    sends. None otherwise, or when those figures do not show the pipeline losing less."""
+    if not (alt.layout.tp > 1 and alt.layout.pp == 1 and winner.layout.pp > 1 and winner.layout.tp == 1
+            and alt.layout.recompute == winner.layout.recompute):
+        return None
+    t, w = _time(alt.estimate), _time(winner.estimate)
+    tp_comm = dict(getattr(t, "comm", None) or {}).get("tp", 0.0)
+    sends = dict(getattr(w, "comm", None) or {}).get("pp", 0.0)
+    bubble = getattr(w, "bubble_seconds", None) or 0.0
+    more = (getattr(t, "compute_seconds", 0.0) - tp_comm) - (getattr(w, "compute_seconds", 0.0) - sends)
+    if bubble + sends >= tp_comm + max(more, 0.0):
+        return None
+    extra = (f" and {more:.3g} s more compute (its norms and residual adds run whole on each of its "
+             f"{alt.layout.tp} GPUs)") if more > 0.005 * winner.step_seconds else ""
+    return (f"inside a node the pipeline lost less: bubble {bubble:.3g} s and blocking sends {sends:.3g} s a step, "
+            f"against TP's all-reduces {tp_comm:.3g} s on the critical path{extra}")
+
+
 def loss_reason(alt: Candidate, winner: Candidate, *, usable_bytes: int | None = None) -> str:
     """One line: why ``alt`` (the best of its kind) loses to ``winner``, with the figure that matters."""
-    from dstk.tables import percent_text
+    from dstk.tables import percent_text, seconds_text
 
     t = _time(alt.estimate)
     ratio = alt.step_seconds / winner.step_seconds if winner.step_seconds else float("inf")
-    head = f"{kind(alt.layout)} ({describe(alt.layout)}): {alt.step_seconds:.3g} s/step, {ratio:.2f}x the winner"
+    head = (f"{kind(alt.layout)} ({describe(alt.layout)}): {seconds_text(alt.step_seconds)} s/step, "
+            f"{ratio:.2f}x the winner")
     if ratio * (1 + TIE_FRACTION) < 1 and shards_nothing(alt.layout) and not shards_nothing(winner.layout):
         return f"{head}; {idle_zero_text(alt.layout)}"  # passed over by ``pick(prefer_sharded=True)``
     if ratio <= 1:  # as fast or faster, but inside the tie band: the playbook's order decided
@@ -577,9 +613,21 @@ def loss_reason(alt: Candidate, winner: Candidate, *, usable_bytes: int | None =
             return f"{head}; exposed communication takes {comm / compute:.1f}x the compute"
     if layout.recompute != "none" and winner.layout.recompute == "none":
         return f"{head}; recompute={layout.recompute} repeats the forward pass"
-    if layout.recompute != "none":
+    if layout.recompute != "none" and winner.layout.recompute != layout.recompute:
         return f"{head}; it needs recompute={layout.recompute} to fit"
-    return head
+    tp_vs_pp = tp_against_pipeline_text(alt, winner)
+    if tp_vs_pp:
+        return f"{head}; {tp_vs_pp}"
+    # Both recompute alike (or neither does): name the terms where the time went, from the figures.
+    w = _time(winner.estimate)
+    terms = [(what, mine, getattr(w, key, None) or 0.0) for what, key, mine in
+             (("compute", "compute_seconds", compute), ("exposed communication", "comm_seconds", comm),
+              ("bubble", "bubble_seconds", getattr(t, "bubble_seconds", None) or 0.0))]
+    slower = [f"{what} {seconds_text(mine)} s" for what, mine, theirs in terms
+              if mine - theirs > 0.01 * winner.step_seconds]
+    theirs = ", ".join(f"{seconds_text(theirs)} s" for what, mine, theirs in terms
+                       if mine - theirs > 0.01 * winner.step_seconds)
+    return f"{head}; {', '.join(slower)} (the winner: {theirs})" if slower else head
 
 
 def why_lines(ordered: list[Candidate], *, usable_bytes: int, capacity_bytes: int, num_fitting: int,
@@ -588,7 +636,7 @@ def why_lines(ordered: list[Candidate], *, usable_bytes: int, capacity_bytes: in
     """Why the winner wins and why the best of each other kind loses. Percentages go through
     ``dstk.tables.percent_text``: a small MFU reads 0.48%, never 0%. ``prefer_sharded``: as
     ``pick``'s; a faster layout over one data-parallel rank that it passed over gets its own line."""
-    from dstk.tables import percent_text
+    from dstk.tables import percent_text, seconds_text
 
     winner = ordered[0]
     t = _time(winner.estimate)
@@ -601,7 +649,7 @@ def why_lines(ordered: list[Candidate], *, usable_bytes: int, capacity_bytes: in
     lines = []
     mfu = getattr(t, "mfu", None)
     tps = getattr(t, "tokens_per_second", None)
-    figures = f"{winner.step_seconds:.3g} s/step"
+    figures = f"{seconds_text(winner.step_seconds)} s/step"
     if tps:
         figures += f", {tps:,.0f} tokens/s"
     if mfu:
@@ -631,7 +679,7 @@ def why_lines(ordered: list[Candidate], *, usable_bytes: int, capacity_bytes: in
         if k in seen:
             continue
         seen.add(k)
-        if any(alt is i for i in idle):
+        if any(alt is i for i in idle) or alt is not winner and alt is fastest:
             continue  # the "chosen over" line above says why
         lines.append(loss_reason(alt, winner, usable_bytes=usable_bytes))
     for k, miss in (by_kind_missing or {}).items():
@@ -759,11 +807,18 @@ def plan(*, search: Search, estimate: Callable[[Layout], Any], top: int | None =
         best = ordered[0].layout
         if shards_nothing(best):  # say what ZeRO over one rank buys, against ZeRO-0 at the same layout
             twin = dataclasses.replace(best, zero_stage=0, offload_optimizer="none", offload_params="none")
-            why.append(dp1_zero_line(best, twin_bytes=estimate(twin).memory.per_gpu.total_bytes, usable_bytes=usable,
-                                     zero_pinned=zero_pinned))
+            twin_est = estimate(twin)
+            why.append(dp1_zero_line(best, twin_bytes=twin_est.memory.per_gpu.total_bytes, usable_bytes=usable,
+                                     zero_pinned=zero_pinned, twin_step_seconds=twin_est.time.step_seconds,
+                                     step_seconds=ordered[0].step_seconds))
         split = split_line(best, ordered[0].estimate, engine=search.constraints.engine)
         extra = host_line(search, ordered[0].estimate)
-        why += [line for line in (split, extra) if line] + list(notes)
+        cluster, host_step = getattr(ordered[0].estimate, "cluster", None), None
+        if cluster is not None and (best.offload_optimizer != "none" or best.offload_params != "none"):
+            from dstk.hardware import host_optimizer_note  # the bandwidth it was priced at, and threads
+
+            host_step = host_optimizer_note(cluster=cluster)
+        why += [line for line in (split, extra, host_step) if line] + list(notes)
         host = {"host_memory_bytes": search.host_memory_bytes}
         plans.append(Plan(layout=ordered[0].layout, estimate=ordered[0].estimate, why=tuple(why),
                           host_bytes_per_node=search.host_bytes_per_node(ordered[0].estimate), **host))
@@ -854,8 +909,11 @@ def resolve(intent) -> Context:
     precision, note = choose_precision(requested=intent.training.precision, gpu=gpu)
     if precision != intent.training.precision:
         intent = dc.replace(intent, training=dc.replace(intent.training, precision=precision))
+    attention, attention_note = choose_attention(requested=intent.training.attention, spec=spec, precision=precision,
+                                                 gpu=gpu, engine=intent.constraints.engine)
+    if attention != intent.training.attention:
+        intent = dc.replace(intent, training=dc.replace(intent.training, attention=attention))
     training = intent.training.to_training()
-    check_attention(attention=training.attention, precision=training.precision, gpu=gpu)
     max_zero = 3
     if training.lora is not None:
         intent, max_zero = _lora_constraints(intent, family=spec.family)
@@ -866,10 +924,28 @@ def resolve(intent) -> Context:
         constraints=intent.constraints, max_zero_stage=max_zero,
     )
     notes = (note,) if not changes else (note, override_note(cluster=cl, gpu=gpu))
+    notes += (attention_note,) if attention_note else ()
     longer = context_note(spec=spec, seq_len=training.seq_len)
     notes += (longer,) if longer else ()
+    warm = warmup_note(warmup_steps=intent.training.warmup_steps, steps=intent.training.steps,
+                       schedule=intent.training.schedule)
+    notes += (warm,) if warm else ()
     return Context(intent=intent, model=spec, cluster=cluster, training=training, search=search,
                    capacity_bytes=gpu.memory_bytes, notes=notes)
+
+
+def warmup_note(*, warmup_steps: int, steps: int, schedule: str) -> str | None:
+    """The why line of a warmup at least as long as the run: the renderers clip it to the run's
+    steps (DeepSpeed's ``WarmupCosineLR``, the Trainer's ``warmup_steps``, Megatron's
+    ``--lr-warmup-iters``), so the learning rate only climbs and the cosine or linear decay never
+    runs. It was clipped without a word (``--num-tokens 2e9 --warmup-steps 5000``: 1,908 steps,
+    all warmup)."""
+    if warmup_steps < steps:
+        return None
+    decay = "" if schedule == "constant" else f", and the {schedule} decay never runs"
+    return (f"warmup_steps {warmup_steps:,} is not shorter than the run's {steps:,} steps: the configs clip it to "
+            f"{steps:,}, so the learning rate only warms up{decay}; give --warmup-steps below {steps:,} (e.g. "
+            f"{max(1, steps // 10):,}, a tenth) or more steps")
 
 
 def context_note(*, spec: Any, seq_len: int) -> str | None:
@@ -970,12 +1046,57 @@ def choose_precision(*, requested: str | None, gpu: Any) -> tuple[str, str]:
                     f"scaling; --precision fp32 for full precision")
 
 
-def check_attention(*, attention: str, precision: str, gpu: Any) -> None:
-    """Refuse FlashAttention where it cannot run, as ``flash_attn`` would at the first step.
-    FlashAttention-2 (its README): NVIDIA Ampere, Ada or Hopper (sm80+: in dstk's catalog, the GPUs
-    with bf16), AMD MI200/MI300 (its ROCm build), fp16 and bf16 only; never a CPU rank."""
+_HF_FLAG = {"sdpa": ("SDPA", "_supports_sdpa", "sdpa"),
+            "flash": ("FlashAttention-2", "_supports_flash_attn", "flash_attention_2")}
+
+
+def _hf_class(spec: Any) -> str:
+    """The family's HF class name (``BloomForCausalLM``), or its family name where unknown."""
+    from dstk.models import family_module
+
+    try:
+        return family_module(spec.family).HF_ARCHITECTURE
+    except Exception:  # generic or an unknown family: its name says enough
+        return f"the {spec.family} model"
+
+
+def choose_attention(*, requested: str | None, spec: Any, precision: str, gpu: Any,
+                     engine: str = "deepspeed") -> tuple[str, str | None]:
+    """(attention kernel, why line or None): the intent's kernel, checked (``check_attention``);
+    unset, sdpa where the family's HF class has it, else eager with a why line, which is what
+    transformers runs when ``from_pretrained`` gets no ``attn_implementation``
+    (``PreTrainedModel.get_correct_attn_implementation``: sdpa, falling back to eager when the class
+    does not declare ``_supports_sdpa``; BLOOM in transformers 5.25). Megatron runs its own
+    attention, so the HF class does not limit it."""
+    if requested is not None:
+        check_attention(attention=requested, precision=precision, gpu=gpu, spec=spec, engine=engine)
+        return requested, None
+    kernels = getattr(spec, "attention_kernels", ("eager", "sdpa", "flash"))
+    if engine == "megatron" or "sdpa" in kernels:
+        return "sdpa", None
+    return "eager", (f"attention eager (the default sdpa is not there): transformers' {_hf_class(spec)} has no "
+                     "SDPA path (no _supports_sdpa), so it runs eager attention, materialising the scores; "
+                     "priced as eager")
+
+
+def check_attention(*, attention: str, precision: str, gpu: Any, spec: Any = None,
+                    engine: str = "deepspeed") -> None:
+    """Refuse an attention kernel where it cannot run. The model's HF class (``spec``; the
+    ``deepspeed`` engine runs transformers' modeling code) must declare it
+    (``ModelSpec.attention_kernels``): transformers raises at ``from_pretrained`` for an
+    ``attn_implementation`` the class lacks (``_sdpa_can_dispatch``, ``_flash_attn_can_dispatch``).
+    FlashAttention where ``flash_attn`` would fail at the first step: FlashAttention-2 (its README)
+    needs NVIDIA Ampere, Ada or Hopper (sm80+: in dstk's catalog, the GPUs with bf16), AMD
+    MI200/MI300 (its ROCm build), fp16 and bf16 only; never a CPU rank."""
     from dstk.errors import DstkError
 
+    kernels = getattr(spec, "attention_kernels", None)
+    if kernels is not None and engine != "megatron" and attention not in kernels:
+        kind, flag, hf_name = _HF_FLAG[attention]
+        raise DstkError(f"training.attention: {attention} for {spec.name}: transformers' {_hf_class(spec)} has no "
+                        f"{kind} attention (no {flag}): from_pretrained(attn_implementation=\"{hf_name}\") raises",
+                        hint="use --attention eager (what transformers runs for it), or leave --attention unset: "
+                             "dstk then picks what the model has")
     if attention != "flash":
         return
     if gpu.is_cpu:
@@ -1238,6 +1359,9 @@ def run_dir_files(ctx: Context, result: PlanResult, *, index: int = 0) -> dict[s
         num_nodes=ctx.intent.cluster.num_nodes, gpus_per_node=ctx.intent.cluster.gpus_per_node,
         cpu=ctx.intent.cluster.gpu == "cpu", nvme_path=ctx.intent.constraints.nvme_path,
         buffers=ctx.buffers(layout)[0],
+        megatron_layout=None if ctx.intent.constraints.engine == "megatron" else render.megatron_layout_note(
+            model=ctx.model, layout=layout, training=ctx.training, cluster=ctx.cluster,
+            usable_bytes=result.usable_bytes),
     )
     validate_run_files(files, layout=layout)
     return files

@@ -498,10 +498,40 @@ def lora_readme_note(*, lora: dict, family: str | None) -> str:
             "(the LoRA line under \"Why this layout\" gives the full fine-tune's figure).")
 
 
+def megatron_layout_note(*, model, layout: Layout, training, cluster, usable_bytes: int) -> str | None:
+    """What ``megatron.args`` of a DeepSpeed plan that Megatron-LM cannot run as planned costs there:
+    it keeps the plan's dp/tp/pp, but Megatron-LM has no ZeRO-2/3 and no DeepSpeed offload (its
+    ``--use-distributed-optimizer`` shards the optimizer states only, ZeRO-1), so each GPU holds
+    every parameter and gradient of its stage. The figure is the estimate of that layout on the
+    Megatron engine (``engine="megatron"``: fp32 main gradients, the distributed optimizer). Llama-3-70B
+    on 64 H100s (ZeRO-3 dp=64) would need about 416 GiB per GPU there: the README offered the
+    command with the plan's 71.5 GiB above it. None where the layout runs as planned (ZeRO 0/1, no
+    offload), for LoRA (the README rules Megatron-LM out) and on CPU ranks."""
+    import dataclasses
+
+    from dstk.estimate import estimate
+
+    offload = layout.offload_optimizer != "none" or layout.offload_params != "none"
+    if (layout.zero_stage < 2 and not offload) or getattr(training, "lora", None) is not None or cluster.gpu.is_cpu \
+            or isinstance(model, int):
+        return None
+    same = dataclasses.replace(layout, zero_stage=1, offload_optimizer="none", offload_params="none")
+    need = estimate(model=model, layout=same, training=training, cluster=cluster, engine="megatron")
+    total = need.memory.per_gpu.total_bytes
+    what = f"ZeRO-{layout.zero_stage}" if layout.zero_stage >= 2 else ""
+    what += (" or " if what and offload else "") + ("DeepSpeed's offload" if offload else "")
+    verdict = (f"which does not fit in the {usable_bytes / 2**30:.1f} GiB usable: plan with `--engine megatron` "
+               f"for a layout Megatron-LM runs" if total > usable_bytes else "which fits")
+    return (f"megatron.args keeps this layout (dp={layout.dp}, tp={layout.tp}, pp={layout.pp}), but Megatron-LM "
+            f"has no {what}: its distributed optimizer (ZeRO-1) needs about {total / 2**30:.1f} GiB per GPU here, "
+            f"{verdict}")
+
+
 def run_readme(*, plan: dict, world_size: int, num_nodes: int, gpus_per_node: int, cpu: bool,
-               megatron_notes: tuple[str, ...] = ()) -> str:
+               megatron_notes: tuple[str, ...] = (), megatron_layout: str | None = None) -> str:
     """A short README.md for a run directory: what the plan is and how to launch it; ``megatron_notes``
-    (``megatron_notes``): what ``megatron.args`` cannot say about the model."""
+    (``megatron_notes``): what ``megatron.args`` cannot say about the model; ``megatron_layout``
+    (``megatron_layout_note``): what its layout costs on Megatron-LM when that differs from the plan."""
     layout = plan["layout"]
     gib = plan["memory"]["per_gpu"]["total_bytes"] / 2**30
     step = plan["time"]["step_seconds"]
@@ -552,10 +582,14 @@ def run_readme(*, plan: dict, world_size: int, num_nodes: int, gpus_per_node: in
 
     torchrun --nproc_per_node {gpus_per_node} pretrain_gpt.py $(cat megatron.args) ...data and tokenizer args...
 """ + "".join(f"\nMegatron-LM cannot build this model exactly: {n}.\n" for n in megatron_notes)
+                + (f"\n**Not this plan's memory:** {megatron_layout}.\n" if megatron_layout else "")
                 if not lora else """Not with Megatron-LM: it has no LoRA, so `megatron.args` (the same layout) would train every
 parameter, which this plan's memory does not cover.
 """)
     ranks = ("CPU rank" if cpu else "GPU") + ("s" if world_size != 1 else "")
+    validate_command = f"dstk validate ds_config.json --world-size {world_size}" + "".join(
+        f" {flag} {layout[key]}" for flag, key in (("--tensor-parallel", "tp"), ("--pipeline-stages", "pp"))
+        if int(layout.get(key) or 1) > 1)  # the batch triad is checked against world / (tp x pp)
     return f"""# dstk run: {plan.get('model', {}).get('name', 'model')} on {world_size} {ranks}
 
 Layout: {kind}; micro-batch {layout['micro_batch']} x {layout['grad_accum']} accumulation steps
@@ -587,7 +621,7 @@ plan's batch, accumulation, precision, optimizer and schedule. With accelerate, 
 
 Files: `plan.json` (the plan, with the model, cluster and training it was made for),
 `ds_config.json`, `ds_config.hf.json`, `training_args.json`, `accelerate_config.yaml`, `megatron.args`.
-Check the DeepSpeed files with `dstk validate`.
+Check the DeepSpeed files with `{validate_command}` (and `ds_config.hf.json` with `--hf`).
 """
 
 
@@ -874,8 +908,10 @@ def run_files(
     cpu: bool,
     nvme_path: str | None = None,
     buffers=None,
+    megatron_layout: str | None = None,
 ) -> dict[str, str]:
-    """The text of every file in a run directory (see docs/contracts.md); ``buffers`` as in ``ds_config``."""
+    """The text of every file in a run directory (see docs/contracts.md); ``buffers`` as in ``ds_config``;
+    ``megatron_layout`` as in ``run_readme``."""
     ds = ds_config(layout=layout, training=training, torch_adam=cpu, nvme_path=nvme_path, buffers=buffers)
     hf = ds_config(layout=layout, training=training, hf=True, torch_adam=cpu, nvme_path=nvme_path, buffers=buffers)
     return {
@@ -888,7 +924,7 @@ def run_files(
         "training_args.json": _dumps(training_arguments(layout=layout, training=training)),
         "README.md": run_readme(
             plan=plan, world_size=layout.world_size, num_nodes=num_nodes, gpus_per_node=gpus_per_node, cpu=cpu,
-            megatron_notes=tuple(megatron_notes(model)),
+            megatron_notes=tuple(megatron_notes(model)), megatron_layout=megatron_layout,
         ),
     }
 

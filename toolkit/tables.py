@@ -150,3 +150,9 @@ def flops_text(tflops: float) -> str:
 def percent_text(fraction: float) -> str:
     """A percentage with one decimal, two significant digits under 1% (MFU 0.48%, not 0%)."""
     return f"{fraction:.2%}" if 0 < fraction < 0.01 else f"{fraction:.1%}"
+
+
+def seconds_text(seconds: float) -> str:
+    """Seconds with three significant digits and never an exponent: ``0.416``, ``15.4``, ``6,496``
+    (``{:.3g}`` wrote a CPU demo's step as ``6.5e+03 s/step``)."""
+    return f"{seconds:,.0f}" if abs(seconds) >= 1000 else f"{seconds:.3g}"

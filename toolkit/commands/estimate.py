@@ -55,15 +55,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     lay.add_argument("--pp", type=int, help="default 1")
     lay.add_argument("--virtual-stages", type=int, default=1, metavar="V", help="interleaved chunks per stage")
     lay.add_argument("--sequence-parallel", action="store_true")
+    lay.add_argument("--engine", choices=["deepspeed", "megatron"], default="deepspeed",
+                     help="the runtime priced: deepspeed (default) or megatron (fp32 main gradients, "
+                          "--zero 1 as its distributed optimizer, vocabulary-parallel embedding)")
     lay.add_argument("--micro-batch", type=int, metavar="B", help="default 1")
     lay.add_argument("--global-batch", type=int, metavar="G", help="sequences per step (default: micro-batch x dp)")
     lay.add_argument("--recompute", choices=["none", "selective", "full"], help="default none")
     t = parser.add_argument_group("training")
-    t.add_argument("--seq-len", type=int, metavar="S", help="default: the model's, else 2048")
+    t.add_argument("--seq-len", type=int, metavar="S",
+                   help="default 2048, as `dstk plan`'s, or the model's positions when fewer")
     t.add_argument("--precision", choices=["bf16", "fp16", "fp32"],
                    help="default bf16, fp16 on a GPU without bf16 (V100), as `dstk plan` picks")
     t.add_argument("--optimizer", choices=["adamw", "adam", "sgd", "lion", "adafactor"], help="default adamw")
-    t.add_argument("--attention", choices=["sdpa", "eager", "flash"], default="sdpa")
+    t.add_argument("--attention", choices=["sdpa", "eager", "flash"],
+                   help="default sdpa, eager where the model's HF class has no SDPA (BLOOM), as `dstk plan` picks")
     t.add_argument("--tokens", type=float, metavar="T", help="token budget, for the time to train")
     from dstk.commands.plan import add_lora_arguments
 
@@ -143,7 +148,7 @@ def layout_and_training(args: argparse.Namespace, model):
         raise UsageError(f"--global-batch {global_batch} is not a multiple of micro-batch x dp = "
                          f"{args.micro_batch} x {dp} = {per_step}",
                          hint=f"nearest: {', '.join(map(str, near))}")
-    seq = args.seq_len or (getattr(model, "seq_len", None) and min(model.seq_len, 4096)) or 2048
+    seq = args.seq_len or default_seq_len(model)
     try:
         layout = Layout(dp=dp, tp=tp, pp=pp, zero_stage=args.zero, offload_optimizer=args.offload_optimizer,
                         offload_params=args.offload_params, micro_batch=args.micro_batch,
@@ -153,8 +158,112 @@ def layout_and_training(args: argparse.Namespace, model):
                             optimizer=args.optimizer, attention=args.attention,
                             num_tokens=int(args.tokens) if args.tokens else None)
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise UsageError(str(exc), hint=_layout_fix(str(exc))) from None
     return layout, training
+
+
+LAYOUT_FIXES = (
+    ("pipeline engine supports ZeRO 0 or 1", "use --zero 0 or 1 with --pp, or drop --pp for ZeRO-2/3"),
+    ("offload_optimizer: needs ZeRO", "add --zero 1, 2 or 3, or drop --offload-optimizer"),
+    ("offload_params: needs ZeRO stage 3", "add --zero 3, or drop --offload-params"),
+    ("virtual_stages: interleaving needs pp > 1", "add --pp N (N > 1), or drop --virtual-stages"),
+    ("sequence_parallel: needs tp > 1", "add --tp N (N > 1), or drop --sequence-parallel"),
+)
+"""A ``Layout`` refusal (``dstk.layout``) and the flags that fix it: `dstk estimate` printed the
+refusal alone, where `dstk plan` names the fix."""
+
+
+def _layout_fix(message: str) -> str | None:
+    return next((fix for said, fix in LAYOUT_FIXES if said in message), None)
+
+
+def default_seq_len(model) -> int:
+    """The sequence length when none is given: `dstk plan`'s default (``TrainingIntent.seq_len``,
+    2048), or the model's positions (``max_position_embeddings``) when it has fewer (GPT-2: 1024).
+    It used to be ``min(positions, 4096)``: the same model priced at twice `dstk plan`'s length
+    (qwen2.5-7b: 65 GiB against the plan's 35 GiB for one layout)."""
+    from dstk.intent import TrainingIntent
+
+    planned = TrainingIntent().seq_len
+    positions = getattr(model, "seq_len", None)
+    return min(planned, positions) if positions else planned
+
+
+def assumption_notes(args: argparse.Namespace, *, training, layout) -> list[str]:
+    """The notes of what the estimate assumed because no flag (and no intent) said it: the
+    sequence length and, for ``--config``, activation recomputation, which a DeepSpeed config
+    cannot carry (HF's ``gradient_checkpointing_enable()`` and Megatron's ``--recompute-*`` live
+    outside it), so a plan's recomputing layout read back from its ds_config.json would otherwise be
+    priced without recompute and look as if it did not fit."""
+    notes = []
+    if args.seq_len is None and not args.intent:
+        notes.append(f"seq_len {training.seq_len:,}: the default (`dstk plan`'s, at most the model's positions); "
+                     "give --seq-len for yours")
+    if args.config and args.recompute is None:
+        notes.append(f"recompute {layout.recompute}: a DeepSpeed config does not say whether the model recomputes "
+                     "activations (HF gradient_checkpointing_enable(), Megatron --recompute-granularity); give "
+                     "--recompute full or selective if it does")
+    return notes
+
+
+def planned_run_notes(args: argparse.Namespace, *, model, cluster, layout, training) -> list[str]:
+    """Where an estimate of ``--config`` differs from the ``plan.json`` that `dstk generate` wrote
+    beside it (a run directory) in what the DeepSpeed file cannot say: model, GPUs, sequence
+    length, recompute, attention, LoRA. One note naming the differences and the flags that
+    estimate the planned run; none when they agree or there is no readable plan.json there."""
+    from pathlib import Path
+
+    if not args.config or args.config == "-":
+        return []
+    path = Path(args.config).parent / "plan.json"
+    try:
+        plan = json.loads(path.read_text())
+        planned_layout, planned_training = plan["layout"], plan["training"]
+        planned_cluster, planned_model = plan["cluster"], plan["model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    if not all(isinstance(x, dict) for x in (planned_layout, planned_training, planned_cluster, planned_model)):
+        return []
+    differ, flags = [], []
+
+    def check(what, here, there, flag):
+        if there is not None and here != there:
+            differ.append(f"{what} {here} here, {there} there")
+            if flag:
+                flags.append(flag)
+
+    name = getattr(model, "name", None)
+    check("model", name, planned_model.get("name"), f"--model {planned_model.get('name')}")
+    world = (planned_cluster.get("num_nodes") or 0) * (planned_cluster.get("gpus_per_node") or 0)
+    check("GPUs", cluster.world_size, world or None, f"--gpus {world}")
+    check("GPU", cluster.gpu.slug, planned_cluster.get("gpu"), f"--gpu {planned_cluster.get('gpu')}")
+    check("seq", training.seq_len, planned_training.get("seq_len"), f"--seq-len {planned_training.get('seq_len')}")
+    check("recompute", layout.recompute, planned_layout.get("recompute"),
+          f"--recompute {planned_layout.get('recompute')}")
+    check("attention", training.attention, planned_training.get("attention"),
+          f"--attention {planned_training.get('attention')}")
+    lora, planned_lora = getattr(training, "lora", None), planned_training.get("lora")
+    here_rank = getattr(lora, "rank", None)
+    there_rank = planned_lora.get("rank") if isinstance(planned_lora, dict) else None
+    if here_rank != there_rank:
+        differ.append(f"LoRA rank {here_rank or 'none'} here, {there_rank or 'none'} there")
+        if there_rank:
+            flags.append(f"--lora-rank {there_rank}")
+    there_bits = planned_lora.get("bits") if isinstance(planned_lora, dict) else None
+    if there_rank and getattr(lora, "bits", None) != there_bits:  # QLoRA: NF4 base weights
+        differ.append(f"LoRA base weights {getattr(lora, 'bits', None) or 16}-bit here, {there_bits or 16}-bit there")
+        if there_bits:
+            flags.append(f"--lora-bits {there_bits}")
+    there_targets = planned_lora.get("targets") if isinstance(planned_lora, dict) else None
+    if there_rank and here_rank and there_targets and getattr(lora, "targets", None) != there_targets:
+        check("LoRA targets", getattr(lora, "targets", None), there_targets, f"--lora-targets {there_targets}")
+    if plan.get("engine") == "megatron":  # no flag makes a DeepSpeed estimate of Megatron-LM's run
+        differ.append("engine deepspeed here, megatron there (the plan prices Megatron-LM running megatron.args: "
+                      "its fp32 gradients and distributed optimizer; `dstk explain` shows its figures)")
+    if not differ:
+        return []
+    give = f"; add {' '.join(flags)} to estimate the planned run" if flags else ""
+    return [f"{path} (the plan this config was generated from) differs: {'; '.join(differ)}{give}"]
 
 
 def _with_lora(args: argparse.Namespace, *, training, layout, model):
@@ -228,7 +337,8 @@ def _draw_human(con, est) -> None:
     name = getattr(est.model, "name", None) or f"{est.model:,} params"
     con.print(f"{name} on {est.cluster.world_size} x {gpu.name}: dp={est.layout.dp} tp={est.layout.tp} "
               f"pp={est.layout.pp} ZeRO-{est.layout.zero_stage}, micro-batch {est.layout.micro_batch} x "
-              f"{est.layout.grad_accum}, seq {est.training.seq_len}, {est.training.precision}", markup=False)
+              f"{est.layout.grad_accum}, seq {est.training.seq_len}, {est.training.precision}, "
+              f"recompute {est.layout.recompute}", markup=False)
     con.print()
     cols = [tables.Col(header="term", text=True), tables.Col(header="per GPU"), tables.Col(header="source", text=True)]
     rows = [[k[:-6], _gib(getattr(mem.per_gpu, k)), SOURCES[k]]
@@ -279,10 +389,16 @@ def from_intent(args: argparse.Namespace):
     import dataclasses
 
     ctx = _intent_context(args)
-    args = argparse.Namespace(**{**vars(args), "gpus": ctx.cluster.world_size,
-                                 "global_batch": ctx.training.global_batch, "seq_len": ctx.training.seq_len})
+    if args.attention:  # --attention over the intent's, checked against the model as `dstk plan` checks it
+        from dstk.plan import check_attention
+
+        check_attention(attention=args.attention, precision=ctx.training.precision, gpu=ctx.cluster.gpu,
+                        spec=ctx.model, engine=ctx.intent.constraints.engine)
+    args = argparse.Namespace(**{**vars(args), "gpus": ctx.cluster.world_size, "attention": args.attention
+                                 or ctx.training.attention, "global_batch": ctx.training.global_batch,
+                                 "seq_len": ctx.training.seq_len})
     layout, _ = layout_and_training(args, ctx.model)
-    training = dataclasses.replace(ctx.training, attention=args.attention) if args.attention != "sdpa" else ctx.training
+    training = dataclasses.replace(ctx.training, attention=args.attention)
     return ctx.model, ctx.cluster, layout, training
 
 
@@ -318,6 +434,14 @@ def _source(args: argparse.Namespace):
     return model_from_args(args), cluster_from_args(args), None
 
 
+def _attention(model, *, requested: str | None, precision: str, gpu) -> str:
+    """``dstk plan``'s kernel for ``model``: the requested one checked, else sdpa (eager where its HF
+    class has no SDPA: BLOOM)."""
+    from dstk.plan import choose_attention
+
+    return choose_attention(requested=requested, spec=model, precision=precision, gpu=gpu)[0]
+
+
 def from_config(args: argparse.Namespace):
     """(model, cluster, layout, training, ZeroBuffers, notes) for ``--config``: the file decides the
     layout, precision, optimizer and buffers (``dstk.estimate.dsconfig``); model and cluster come
@@ -331,7 +455,12 @@ def from_config(args: argparse.Namespace):
     try:
         doc = read_document(path)
     except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}", hint="check the path") from None
+        import os
+
+        inside = os.path.join(path, "ds_config.json")
+        hint = (f"give the config file in that run directory: --config {inside}" if os.path.isfile(inside)
+                else "check the path")
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}", hint=hint) from None
     for f in doc.findings:
         if f.severity == "error":
             where = path + (f":{f.line}:{f.column}" if f.line is not None and f.column is not None else "")
@@ -368,18 +497,29 @@ def from_config(args: argparse.Namespace):
             refused.append(f)
         elif f.severity == "error":
             notes.append(f"dstk validate: {f.pointer or '/'}: {f.message}")
-    seq = args.seq_len or (base.seq_len if base else None) or (
-        getattr(model, "seq_len", None) and min(model.seq_len, 4096)) or 2048
+    seq = args.seq_len or (base.seq_len if base else None) or default_seq_len(model)
     tokens = int(args.tokens) if args.tokens else (base.num_tokens if base else None)
     try:
         training = Training(seq_len=seq, global_batch=layout.global_batch, precision=precision, optimizer=optimizer,
-                            attention=base.attention if base and args.attention == "sdpa" else args.attention,
-                            num_tokens=tokens)
+                            attention=_attention(model, requested=args.attention or (base.attention if base else None),
+                                                 precision=precision, gpu=cluster.gpu),
+                            num_tokens=tokens, grad_clip=_config_grad_clip(doc.config))
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     from dstk.validate import locate
 
     return model, cluster, layout, training, settings.buffers, tuple(notes), tuple(locate(refused, doc))
+
+
+def _config_grad_clip(config) -> float:
+    """The file's ``gradient_clipping`` as DeepSpeed 0.19.8 reads it: absent is its default, 1.0
+    (``dstk.hardware.GRADIENT_CLIPPING_DEFAULT``); "auto" is the HF Trainer's ``max_grad_norm``,
+    1.0 unless set; a value validate refuses is priced as the default."""
+    from dstk.hardware import GRADIENT_CLIPPING_DEFAULT
+
+    value = config.get("gradient_clipping") if isinstance(config, dict) else None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0
+    return float(value) if ok else GRADIENT_CLIPPING_DEFAULT
 
 
 def deepspeed_refuses(finding) -> bool:
@@ -403,16 +543,26 @@ def deepspeed_refuses(finding) -> bool:
     return isinstance(section, dict) and str(section.get("x-dstk-parser", "")).startswith("pydantic")
 
 
-def buffer_terms(per_gpu) -> list[str]:
+CPU_RANK_PLACES = {"gpu": "rank's host memory", "cpu": "offload copy, host memory"}
+"""Where a buffer lives on CPU ranks (``--gpu cpu``): the estimate's ``gpu`` is the rank's own memory
+and its ``cpu`` the offloaded copy, both in the host's RAM (DeepSpeed's CPU accelerator has no
+device memory), so neither reads "gpu"."""
+
+
+def buffer_terms(per_gpu, *, cpu_ranks: bool = False) -> list[str]:
     """One line per named buffer of an estimate's ``MemoryBreakdown`` (or its ``to_dict()``), e.g.
-    ``reduce bucket: 2 x 5e8 x 2 B = 1.86 GiB (gpu, backward)``; empty when the estimate has none."""
+    ``reduce bucket: 2 x 5e8 x 2 B = 1.86 GiB (gpu, backward)``; empty when the estimate has none.
+    ``cpu_ranks``: the ranks are CPU processes, so places read as ``CPU_RANK_PLACES`` says."""
     terms = per_gpu.get("buffers") if isinstance(per_gpu, dict) else getattr(per_gpu, "buffers", None)
     at_peak = set((per_gpu.get("peak_buffers") if isinstance(per_gpu, dict) else getattr(per_gpu, "peak_buffers", None))
                   or ())
     lines = []
     for b in terms or ():
         get = b.get if isinstance(b, dict) else (lambda k, b=b: getattr(b, k, None))
-        where = ", ".join(str(x) for x in (get("device"), get("phase"), "at the peak" if get("name") in at_peak
+        device = get("device")
+        if cpu_ranks and device in CPU_RANK_PLACES:
+            device = CPU_RANK_PLACES[device]
+        where = ", ".join(str(x) for x in (device, get("phase"), "at the peak" if get("name") in at_peak
                                            else None) if x)
         formula = get("formula")
         lines.append(f"  {get('name')}: {formula + ' = ' if formula else ''}{_gib(get('bytes'))}"
@@ -428,7 +578,7 @@ def buffer_lines(est, buffers) -> list[str]:
 
     per_gpu = est.memory.per_gpu
     zero = est.layout.zero_stage
-    lines = buffer_terms(per_gpu)
+    lines = buffer_terms(per_gpu, cpu_ranks=est.cluster.gpu.is_cpu)
     named = {b.name for b in getattr(per_gpu, "buffers", ())}
     if zero >= 1 and "reduce bucket" not in named and buffers.contiguous_gradients:
         # Sized by the file whether or not it is live at the peak: the term users look for.
@@ -474,17 +624,42 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError("--gpus N is required (or give --intent FILE)", hint="e.g. --gpus 8")
         model = model_from_args(args)
         cluster = cluster_from_args(args)
-        from dstk.plan import check_attention, choose_precision
+        from dstk.plan import choose_attention, choose_precision
 
         # `dstk plan`'s rule and message: bf16 refused where the GPU has none; unset: bf16, else fp16
         args = argparse.Namespace(**{**vars(args), "precision": choose_precision(requested=args.precision,
                                                                                   gpu=cluster.gpu)[0]})
+        # `dstk plan`'s too: what the model's HF class runs (BLOOM: eager), a kernel it lacks refused
+        attention, attention_note = choose_attention(requested=args.attention, spec=model, precision=args.precision,
+                                                     gpu=cluster.gpu)
+        args = argparse.Namespace(**{**vars(args), "attention": attention})
+        notes = (attention_note,) if attention_note else ()
         layout, training = layout_and_training(args, model)
-        check_attention(attention=training.attention, precision=training.precision, gpu=cluster.gpu)
     training = _with_lora(args, training=training, layout=layout, model=model)
-    est = estimate(model=model, layout=layout, training=training, cluster=cluster, buffers=buffers)
+    from dstk.plan import context_note
+
+    longer = None if isinstance(model, int) else context_note(spec=model, seq_len=training.seq_len)
+    notes = (*planned_run_notes(args, model=model, cluster=cluster, layout=layout, training=training),
+             *assumption_notes(args, training=training, layout=layout), *((longer,) if longer else ()), *notes)
+    if layout.offload_optimizer != "none" or layout.offload_params != "none":
+        from dstk.hardware import host_optimizer_note  # the node bandwidth the CPU step was priced at, threads
+
+        notes = (*notes, *filter(None, [host_optimizer_note(cluster=cluster)]))
+    engine = getattr(args, "engine", "deepspeed")
+    if engine == "megatron" and args.config:
+        raise UsageError("--engine megatron with --config: a DeepSpeed config is run by DeepSpeed",
+                         hint="drop --engine megatron, or drop --config and give the layout flags")
+    try:
+        est = estimate(model=model, layout=layout, training=training, cluster=cluster, buffers=buffers,
+                       engine=engine, tp_style="megatron" if engine == "megatron" else "autotp")
+    except ValueError as exc:
+        if engine != "megatron":
+            raise
+        raise UsageError(f"--engine megatron: {exc}", hint="Megatron-LM shards the optimizer states only: "
+                         "use --zero 0 or 1 and no offload") from None
     if args.format == "json":
         data = est.to_dict()
+        data["notes"] = list(notes)  # what the human output lists under "notes" (assumed defaults, ...)
         if args.config:
             data["config"] = {"path": args.config, "buffers": dataclasses.asdict(buffers), "notes": list(notes),
                               "deepspeed_refuses": [f.to_dict() for f in refused]}

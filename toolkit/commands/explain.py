@@ -22,6 +22,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_intent_arguments(parser, positional_help="run directory, plan.json, or intent YAML")
     parser.add_argument("--pick", type=int, default=1, metavar="N", help="explain the N-th plan of an intent")
     parser.add_argument("--pictures", metavar="DIR", help="write PNG and SVG pictures into DIR (needs matplotlib)")
+    parser.add_argument("--force", action="store_true", help="replace pictures already in --pictures DIR")
     parser.add_argument("--format", choices=["human", "json", "html"], default="human",
                         help="human: tables; json: the report as data; html: one self-contained page on stdout")
 
@@ -56,6 +57,28 @@ def _load_plan(args: argparse.Namespace) -> dict:
     return json.loads(planner.run_dir_files(ctx, result, index=args.pick - 1)["plan.json"])
 
 
+def check_pictures_dir(directory: str, *, rep: dict, force: bool) -> None:
+    """Refuse a ``--pictures`` path that cannot be a directory (a file, or a file above it: it was an
+    internal error, ``FileExistsError``) and, without ``--force``, one that already holds a picture
+    this run would write (memory.png/svg; schedule.png/svg for a pipeline): they were replaced
+    silently, a file of the user's with them."""
+    path = Path(directory)
+    for above in (path, *path.parents):
+        if above.exists() and not above.is_dir():
+            if above == path:
+                raise UsageError(f"--pictures {directory}: exists and is not a directory",
+                                 hint=f"choose a directory path, e.g. {directory}-pictures")
+            raise UsageError(f"--pictures {directory}: {above} is a file, so nothing can be made below it",
+                             hint=f"choose a directory outside {above}")
+    names = ["memory.png", "memory.svg"]
+    if (rep.get("schedule") or {}).get("slots"):
+        names += ["schedule.png", "schedule.svg"]
+    taken = [str(path / n) for n in names if (path / n).exists()]
+    if taken and not force:
+        raise UsageError(f"--pictures {directory}: {', '.join(taken)} already exist{'s' if len(taken) == 1 else ''}",
+                         hint="pass --force to replace them, or choose another directory")
+
+
 def run(args: argparse.Namespace) -> int:
     from dstk import explain
 
@@ -65,7 +88,12 @@ def run(args: argparse.Namespace) -> int:
     note = None
     if args.pictures:
         if explain.have_matplotlib():
-            written = explain.write_pictures(rep, args.pictures)
+            check_pictures_dir(args.pictures, rep=rep, force=args.force)
+            try:
+                written = explain.write_pictures(rep, args.pictures)
+            except OSError as exc:
+                raise DstkError(f"--pictures {args.pictures}: cannot write there: {exc.strerror or exc}",
+                                hint="choose a writable directory") from None
             rep["pictures"] = [str(p) for p in written]
             note = "pictures: " + ", ".join(str(p) for p in written)
         else:

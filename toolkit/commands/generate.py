@@ -44,16 +44,22 @@ def refuse_stdout_dir(output, *, what: str, hint: str) -> None:
     check_output_dir(output)
 
 
-def next_commands(*, output: str, cluster: dict) -> str:
+def next_commands(*, output: str, cluster: dict, layout: dict | None = None) -> str:
     """The pasteable next steps: the path quoted for the shell, and on a multi-node plan the hosts
-    that `dstk launch` refuses to start without (one per node, as placeholders)."""
+    that `dstk launch` refuses to start without (one per node, as placeholders). ``validate`` gets
+    the world size and the plan's TP/PP degrees: without them it cannot check the batch triad, and
+    with a world size alone a pipeline plan's file reads as wrong (dp = world / (tp x pp))."""
     import shlex
 
     nodes, per_node = int(cluster["num_nodes"]), int(cluster["gpus_per_node"])
     hosts = "" if nodes == 1 else " --hosts " + ",".join(f"HOST{i + 1}:{per_node}" for i in range(min(nodes, 2))) + (
         ",..." if nodes > 2 else "")
     base = output.rstrip("/") or output
-    return (f"next: dstk validate {shlex.quote(base + '/ds_config.json')}; "
+    degrees = f" --world-size {nodes * per_node}"
+    for flag, key in (("--tensor-parallel", "tp"), ("--pipeline-stages", "pp")):
+        if int((layout or {}).get(key) or 1) > 1:
+            degrees += f" {flag} {int(layout[key])}"
+    return (f"next: dstk validate {shlex.quote(base + '/ds_config.json')}{degrees}; "
             f"dstk launch {shlex.quote(base)}{hosts} -- train.py")
 
 
@@ -84,6 +90,19 @@ def run(args: argparse.Namespace) -> int:
 
         for note in megatron_notes(planner.model_dims(plan["model"], ctx.model)):
             print(f"warning: megatron.args: Megatron-LM cannot build this model exactly: {note}", file=sys.stderr)
+    from dstk.plan import warmup_note
+
+    warm = warmup_note(warmup_steps=ctx.intent.training.warmup_steps, steps=ctx.intent.training.steps,
+                       schedule=ctx.intent.training.schedule)
+    if warm:  # the configs carry the clipped warmup; the why lines say it, and so does this
+        print(f"warning: {warm}", file=sys.stderr)
+    if ctx.intent.constraints.engine != "megatron":  # the README says it too ("Not this plan's memory")
+        from dstk.render import megatron_layout_note
+
+        note = megatron_layout_note(model=ctx.model, layout=result.plans[args.pick - 1].layout, training=ctx.training,
+                                    cluster=ctx.cluster, usable_bytes=result.usable_bytes)
+        if note:
+            print(f"warning: {note}", file=sys.stderr)
     if args.format == "json":
         print(json.dumps({"output": str(args.output), "files": [p.name for p in written], "plan": plan}, indent=2))
     else:
@@ -96,8 +115,8 @@ def run(args: argparse.Namespace) -> int:
               f"{plan['time']['step_seconds']:.4g} s/step")
         from dstk.commands.estimate import buffer_terms
 
-        terms = buffer_terms(plan["memory"]["per_gpu"])
+        terms = buffer_terms(plan["memory"]["per_gpu"], cpu_ranks=plan["cluster"].get("gpu") == "cpu")
         if terms:
             print("buffers (per GPU):\n" + "\n".join(terms))
-        print(next_commands(output=str(args.output), cluster=plan["cluster"]))
+        print(next_commands(output=str(args.output), cluster=plan["cluster"], layout=plan["layout"]))
     return 0

@@ -22,11 +22,16 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"gpus": [dataclasses.asdict(g) for g in gpus.values()],
                           "interconnects": [dataclasses.asdict(n) for n in nets.values()]}, indent=2))
         return 0
-    print(f"{'gpu':<11} {'memory':>9} {'bf16 TF':>8} {'fp32 TF':>8} {'link GB/s':>9} {'achievable':>10}  name")
+    # fp16 is its own column: a V100 plan runs fp16 at 125 TFLOP/s, which "bf16 -" hid.
+    print(f"{'gpu':<11} {'memory':>9} {'bf16 TF':>8} {'fp16 TF':>8} {'fp32 TF':>8} {'link GB/s':>9} "
+          f"{'achievable':>10}  name")
     for g in gpus.values():
         bf16 = "-" if g.bf16_flops is None else f"{g.bf16_flops / 1e12:.0f}"
-        print(f"{g.slug:<11} {g.memory_bytes / 2**30:>6.1f} GiB {bf16:>8} {g.fp32_flops / 1e12:>8.1f} "
-              f"{g.intra_node_bytes_per_s / 1e9:>9.0f} {g.achievable_fraction:>10.0%}  {g.name}")
+        print(f"{g.slug:<11} {g.memory_bytes / 2**30:>6.1f} GiB {bf16:>8} {g.fp16_flops / 1e12:>8.0f} "
+              f"{g.fp32_flops / 1e12:>8.1f} {g.intra_node_bytes_per_s / 1e9:>9.0f} {g.achievable_fraction:>10.0%}  "
+              f"{g.name}")
+    print("(TF: dense peak TFLOP/s; achievable: the share of peak for a model given by --params only; a named "
+          "model is priced per operator, its GEMMs on the GPU's measured-efficiency curve)")
     print()
     print(f"{'network':<11} {'GB/s/node':>9} {'latency':>9} {'efficiency':>10}  name")
     for n in nets.values():

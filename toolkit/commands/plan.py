@@ -250,7 +250,8 @@ def _draw_human(con, result, top: int) -> None:
                   markup=False)
     con.print("why:", markup=False)
     con.print(tables.bullets(result.plans[0].why))
-    terms = buffer_terms(result.plans[0].estimate.memory.per_gpu)
+    best = result.plans[0].estimate
+    terms = buffer_terms(best.memory.per_gpu, cpu_ranks=best.cluster.gpu.is_cpu)
     if terms:
         con.print()
         con.print("buffers of #1 (per GPU):", markup=False)

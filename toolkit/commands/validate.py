@@ -91,7 +91,10 @@ def run(args: argparse.Namespace) -> int:
             data, doc = read_stdin()
             path, where = STDIN_LOCATION, os.path.join(os.getcwd(), STDIN_LOCATION)
         elif os.path.isdir(path):
-            unreadable.append((path, "is a directory"))
+            run_dir = os.path.isfile(os.path.join(path, "ds_config.json"))
+            unreadable.append((path, "is a directory" + (
+                f" (a run directory: validate {os.path.join(path, 'ds_config.json')}, and "
+                f"{os.path.join(path, 'ds_config.hf.json')} with --hf)" if run_dir else "")))
             continue
         else:
             try:

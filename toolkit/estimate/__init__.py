@@ -14,7 +14,7 @@ from typing import Any
 from dstk.estimate import megatron as meg
 from dstk.estimate import memory as mem
 from dstk.estimate import timing as tm
-from dstk.estimate.steptime import step_time
+from dstk.estimate.steptime import sdpa_gets_mask, step_time
 from dstk.layout import Layout, Training
 
 __all__ = ["Estimate", "MemoryBreakdown", "Memory", "Time", "ZeroBuffers", "estimate", "saved_activation_bytes", "SOURCES"]
@@ -182,6 +182,8 @@ class _Facts:
     eager_keywords: tuple = ()
     """The rest of what HF's layer code does eagerly, as (keyword, value) pairs of
     ``timing.eager_elementwise_bytes_per_token`` (``ModelSpec.eager_keywords``)."""
+    sliding_window: int | None = None
+    """``ModelSpec.sliding_window``: from that length on SDPA gets a mask (``steptime.sdpa_gets_mask``)."""
 
 
 _CACHE: dict[int, tuple[Any, _Facts]] = {}
@@ -212,7 +214,7 @@ def _model_facts(model) -> _Facts:
                                  ffn=model.ffn_hidden_size * model.experts_per_token, heads=model.num_heads,
                                  mlp_saved=4 if model.gated_mlp else mem.MLP_SAVED.get(model.activation, 2),
                                  rmsnorm=model.norm == "rmsnorm", dropout=model.dropout > 0,
-                                 softmax_fp32=model.norm == "rmsnorm"),
+                                 softmax_fp32=model.norm == "rmsnorm", sdpa_mask=model.eager.kv_repeated),
             rotary=model.rotary, head_dim=model.head_dim,
             attention_width=model.attention_width, activation=model.activation,
             # Biases and fusion read off the tensor sizes: an MLP bias has the inner width, a fused
@@ -221,11 +223,18 @@ def _model_facts(model) -> _Facts:
             fused_qkv=h * (model.attention_width + 2 * model.num_kv_heads * model.head_dim) in model.layer_tensors,
             qk_norm=model.head_dim != h and model.head_dim in model.layer_tensors,
             eager_keywords=tuple(model.eager_keywords().items()),
+            sliding_window=getattr(model, "sliding_window", None),
         )
     if len(_CACHE) > 256:
         _CACHE.clear()
     _CACHE[id(model)] = (model, facts)
     return facts
+
+
+def _shape_at(f: _Facts, *, seq_len: int) -> mem.LayerShape:
+    """``f.shape`` with ``sdpa_mask`` for ``seq_len``: a sliding window masks only the sequences
+    that reach it (``steptime.sdpa_gets_mask``)."""
+    return dataclasses.replace(f.shape, sdpa_mask=sdpa_gets_mask(f, seq_len=seq_len))
 
 
 def _checkpointed_mask(f: _Facts, attention: str, recompute: str) -> bool:
@@ -384,8 +393,9 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
     per_layer_act = full_layer_act = 0.0
     io_first = io_last = 0.0
     if known:
-        shape = f.shape if tp == 1 else dataclasses.replace(
-            f.shape, q_width=f.shape.q_width // tp, kv_width=max(1, f.shape.kv_width // tp),
+        shape = _shape_at(f, seq_len=training.seq_len)
+        shape = shape if tp == 1 else dataclasses.replace(
+            shape, q_width=f.shape.q_width // tp, kv_width=max(1, f.shape.kv_width // tp),
             ffn=f.shape.ffn // tp, heads=max(1, f.shape.heads // tp))
         sp = tp if layout.sequence_parallel else 1
         kw = dict(shape=shape, tokens=tokens_mb, seq_len=training.seq_len, act_bytes=w,
@@ -541,7 +551,8 @@ def saved_activation_bytes(*, model, micro_batch: int, seq_len: int, precision: 
     f = _model_facts(model)
     w = mem.param_bytes(precision)
     tokens = micro_batch * seq_len
-    layer = mem.layer_activation_bytes(shape=f.shape, tokens=tokens, seq_len=seq_len, act_bytes=w, attention=attention,
+    layer = mem.layer_activation_bytes(shape=_shape_at(f, seq_len=seq_len), tokens=tokens, seq_len=seq_len,
+                                       act_bytes=w, attention=attention,
                                        recompute=recompute, fused_dropout=not cpu)
     first, last = mem.model_io_bytes(tokens=tokens, seq_len=seq_len, hidden=f.hidden, vocab=f.vocab, act_bytes=w,
                                      rmsnorm=f.shape.rmsnorm, dropout=f.shape.dropout, rotary=f.rotary,

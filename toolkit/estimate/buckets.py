@@ -133,14 +133,19 @@ def choose_buffers(*, model, layout, training, cluster,
     link = f"{bandwidth / 1e9:.0f} GB/s and {latency * 1e6:.0f} us"
     if call > 2 * (max(2, layout.dp) - 1) * latency:  # the call's fixed cost, not the ring's steps, sets the floor
         link = f"{bandwidth / 1e9:.0f} GB/s and {_seconds_text(call)} a call"
-    if floor <= min(grads, memory_cap):
+    if layout.dp == 1 and floor <= min(grads, memory_cap):  # a pipeline's stages: nothing crosses a link
+        reason = ("one data-parallel rank: its reductions cross no link, so the bucket only sizes the "
+                  "gradient staging copies")
+    elif floor <= min(grads, memory_cap):
         reason = (f"a ring over {layout.dp} GPUs at {link} reaches "
                   f"{TARGET_BANDWIDTH_FRACTION:.0%} of the bandwidth from {elements_text(floor)} elements")
     else:
         bound = (f"all {elements_text(grads)} {what} of one GPU" if grads <= memory_cap
                  else f"{MEMORY_FRACTION:.0%} of the GPU's {_mib(gpu.memory_bytes)}")
         reason = (f"capped by {bound} (a ring over {layout.dp} GPUs at {link} would reach "
-                  f"{TARGET_BANDWIDTH_FRACTION:.0%} of the bandwidth from {elements_text(floor)})")
+                  f"{TARGET_BANDWIDTH_FRACTION:.0%} of the bandwidth from {elements_text(floor)})" if layout.dp > 1
+                  else f"capped by {bound} (one data-parallel rank: one call of {_seconds_text(call)} a "
+                       "reduction, however many elements it holds)")
     why.append(
         f"reduce_bucket_size {elements_text(bucket)} elements ({copies} x {elements_text(bucket)} x {w} B = "
         f"{_mib(copies * bucket * w)}"
@@ -155,9 +160,11 @@ def choose_buffers(*, model, layout, training, cluster,
     hidden = getattr(model, "hidden_size", None)
     persistence = PERSISTENCE_HIDDEN_MULTIPLE * hidden if hidden else int(defaults.param_persistence_threshold)
     live = _round_up(min(max(largest, layer_weight + prefetch), params))
+    ahead = ("gathers while the current one computes, no less than the latency floor" if prefetch >= layer_weight
+             else f"is more than the cap ({MEMORY_FRACTION:.0%} of the GPU's memory), so only that much of it "
+                  "gathers ahead")  # Mixtral's 9.4e8-element layer against a 4.2e8 cap on an 80 GB GPU
     why.append(f"stage3_prefetch_bucket_size {elements_text(prefetch)}: the next weight "
-               f"({elements_text(layer_weight)} elements per GPU) "
-               f"gathers while the current one computes, no less than the latency floor; "
+               f"({elements_text(layer_weight)} elements per GPU) {ahead}; "
                f"stage3_max_live_parameters and stage3_max_reuse_distance {elements_text(live)}: the largest module "
                f"({elements_text(largest)}) or a weight plus the prefetch, {_mib(live * w)} gathered at most "
                f"(DeepSpeed's 1e9 keeps up to {_mib(min(1e9, params) * w)}); "

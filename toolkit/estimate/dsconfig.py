@@ -388,8 +388,12 @@ def to_layout(settings: ConfigSettings, *, world_size: int, flags: Mapping[str, 
     # DeepSpeed's parse checks the triad against the data-parallel size it sees: under AutoTP that is
     # every rank (no mpu at parse, research notes §1.1); the engine then runs world / tp replicas.
     parse_dp = dp * tp
-    triad = (f"train_batch_size {train}, train_micro_batch_size_per_gpu {micro}, "
-             f"gradient_accumulation_steps {accum}")
+
+    def said(name: str, value):  # "auto" as the file says it, not None
+        return '"auto"' if value is None and name in s.auto_batch else value
+
+    triad = (f"train_batch_size {said('train_batch', train)}, train_micro_batch_size_per_gpu "
+             f"{said('micro_batch', micro)}, gradient_accumulation_steps {said('grad_accum', accum)}")
     if micro is not None and accum is not None:
         derived = micro * accum * parse_dp
         if train is not None and train != derived:

@@ -422,6 +422,10 @@ class LayerShape:
     """The model trains with dropout (GPT-2): masks are saved, and CPU sdpa falls back to math."""
     softmax_fp32: bool = True
     """HF's Llama-style eager attention computes the softmax in fp32 and casts it back."""
+    sdpa_mask: bool = False
+    """SDPA is handed an explicit ``[b, 1, s, s]`` mask (Falcon; a sliding window the sequence
+    reaches: set per sequence length, ``steptime.sdpa_gets_mask``): K/V
+    are repeated to the query heads before it, and each layer saves its own copy of the mask."""
 
 
 def norm_bytes(*, hidden: int, act_bytes: int, rmsnorm: bool) -> float:
@@ -442,7 +446,8 @@ def layer_activation_bytes(*, shape: LayerShape, tokens: int, seq_len: int, act_
 
     - two norms (``norm_bytes``), Llama-style or GPT-style;
     - fused attention (sdpa/flash): q, k, v and the output, which is also o_proj's input:
-      ``w(2q + 2kv)``, plus the fp32 log-sum-exp ``4a``;
+      ``w(2q + 2kv)``, plus the fp32 log-sum-exp ``4a``; SDPA handed a mask (Falcon, a reached
+      window: ``sdpa_mask``): K and V repeated to all heads and the layer's own copy of the mask, ``4wq + 4a + ws``;
     - materialised attention (eager, or sdpa's math fallback when dropout runs on a CPU): q,
       K and V repeated to all heads, o_proj's input (``4wq``), and per score: the fp32 softmax
       (``4``; Llama-style: plus its cast back, ``w``; GPT-2 in its own dtype) and, with dropout,
@@ -464,6 +469,13 @@ def layer_activation_bytes(*, shape: LayerShape, tokens: int, seq_len: int, act_
         attn = 4 * w * q + (softmax + (2 * w if shape.dropout else 0)) * a * seq_len
     elif materialised:  # selective: scores recomputed, the rest as eager keeps it
         attn = 4 * w * q
+    elif attention == "sdpa" and shape.sdpa_mask:
+        # q, K and V repeated to all heads, the output, the log-sum-exp, and the mask: torch's
+        # ``scaled_dot_product_attention`` turns the boolean mask into an additive one of the query's
+        # dtype inside every call (``convert_boolean_attn_mask``), and the kernel saves it for
+        # backward, so each layer keeps its own ``b s^2 w`` (measured on CPU ranks, torch 2.13:
+        # one bf16 [b, 1, s, s] storage per layer; tests/test_attention_headdim.py).
+        attn = 4 * w * q + 4 * a + w * seq_len
     else:
         attn = w * (2 * q + 2 * kv) + 4 * a
     mlp = shape.mlp_saved * w * f

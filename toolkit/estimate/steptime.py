@@ -15,8 +15,12 @@ step around it:
   (``flash``: FlashAttention-2; ``sdpa`` on a GPU: what torch dispatches to, FlashAttention-2 or
   cuDNN) skips the masked half of a causal score matrix, never writes it, and recomputes it in
   backward (Dao 2023 §4.1: backward = 2.5x the forward's FLOPs), at the published causal
-  forward + backward rate for the GPU and sequence length (``GPU.attention_fraction``,
+  forward + backward rate for the GPU, sequence length and head dim (``GPU.attention_fraction``,
   ``timing.flash_attention_forward_seconds``: 0.30 of an H100's peak at 8k for FlashAttention-2);
+  SDPA handed an explicit mask (Falcon; a sliding window the sequence reaches, ``sdpa_gets_mask``)
+  runs every score block at the published unmasked rate of the kernel torch picks then
+  (memory-efficient on A100, cuDNN on H100); FlashAttention-2 skips the blocks left of a sliding
+  window (``window_share``);
 - **recompute** as the forward it repeats: full = the whole layer's forward (and its TP
   collectives), selective = the attention scores (Korthikanti et al. 2022 §5; nothing under flash,
   which recomputes them itself);
@@ -30,7 +34,10 @@ step around it:
   on the critical path, as DeepSpeed AutoTP issues them; Megatron runs its backward ones under
   the weight-gradient GEMMs (``MegatronKernels``, ``tp_backward_exposed_seconds``);
 - **PP** point-to-point per micro-batch and boundary (x v interleaved) and the bubble
-  ``(p - 1)/(m v)`` of the stage time (Narayanan et al. 2021 §2.2);
+  ``(p - 1)/(m v)`` of the stage time (Narayanan et al. 2021 §2.2); under DeepSpeed's pipeline
+  engine the blocking transfers of ``deepspeed_pipe_transfers``, ``BF16_Optimizer``'s per
+  micro-batch gradient passes for ZeRO-0 in bf16 (``bf16_pipe_grad_bytes_per_param``), the tied
+  embedding's gradient all-reduce (``tied_grad_allreduce_seconds``) and no DP overlap;
 - **DP**: see ``_dp_exposed_seconds`` and ``zero3_step_seconds``;
 - **per-call latency**: every collective the layout issues (``collective_calls``) costs NCCL's
   latency for its kind, group and size (``collective_latency``: it grows with the ring, 32 us
@@ -145,6 +152,37 @@ def uses_flash(*, attention: str, gpu) -> bool:
     return not gpu.is_cpu and (attention == "flash" or attention == "sdpa")
 
 
+def sdpa_gets_mask(facts, *, seq_len: int) -> bool:
+    """Whether the family's HF layer code hands SDPA an explicit mask for ``seq_len``-long
+    sequences: always for Falcon (``FalconModel`` builds the causal mask with
+    ``allow_is_causal_skip=False``; its ``EagerLayer.kv_repeated`` marks it), and for a sliding
+    window (Mistral-7B-v0.1) once ``seq_len >= sliding_window``: transformers 5.25's
+    ``masking_utils._ignore_causal_mask_sdpa`` keeps the mask when ``kv_length >=
+    local_attention_size`` (at ``seq_len == window`` too, where the window masks nothing).
+    transformers repeats K/V to the query heads before SDPA exactly when a mask is passed
+    (``sdpa_attention_forward``: ``use_gqa_in_sdpa`` is False on CUDA with a mask). SDPA then
+    cannot run FlashAttention-2 nor skip blocks (``GPU.attention_fraction(kernel="sdpa_masked")``:
+    the memory-efficient and cuDNN kernels read the dense mask block by block and compute all
+    ``s x s`` scores, so a window saves no FLOPs there), and each layer saves the mask
+    (``memory.LayerShape.sdpa_mask``)."""
+    if dict(getattr(facts, "eager_keywords", ())).get("kv_repeated", False):
+        return True
+    window = getattr(facts, "sliding_window", None)
+    return window is not None and seq_len >= window
+
+
+def window_share(*, seq_len: int, window: int | None) -> float:
+    """Share of a causal ``s x s`` score matrix inside a sliding window of ``W``: query ``i`` sees
+    ``min(i + 1, W)`` keys, ``sW - W(W - 1)/2`` of ``s(s + 1)/2`` scores (1 when ``s <= W``).
+    FlashAttention-2 with ``window_size`` skips the key blocks left of the window, so its causal work
+    shrinks by this share (transformers 5.25's ``modeling_flash_attention_utils`` passes
+    ``window_size=(W - 1, W - 1)`` when ``key_length > sliding_window``: W keys per query); SDPA with
+    a mask does not (``sdpa_gets_mask``)."""
+    if window is None or seq_len <= window:
+        return 1.0
+    return (seq_len * window - window * (window - 1) / 2) / (seq_len * (seq_len + 1) / 2)
+
+
 def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_bytes: int, attention: str, gpu,
                   peak_flops: float, fused: bool = True) -> LayerSeconds:
     """``LayerSeconds`` of one layer of ``facts`` (``dstk.estimate._Facts``) for ``tokens`` tokens
@@ -187,9 +225,18 @@ def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_byt
         weight_grads += weight_grad
     score_flops = 4.0 * tokens * seq_len * q / tp
     scores = tokens * seq_len * (shape.heads / tp)
-    if uses_flash(attention=attention, gpu=gpu):
+    masked = attention == "sdpa" and sdpa_gets_mask(facts, seq_len=seq_len)
+    if uses_flash(attention=attention, gpu=gpu) and masked:
+        # Every score block computed (no causal skip): the full 4 T s q at the masked kernel's rate.
+        attn = score_flops / (peak_flops * gpu.attention_fraction(kernel="sdpa_masked", seq_len=seq_len,
+                                                                  head_dim=facts.head_dim))
+        scores_memory = backward_scores = 0.0
+    elif uses_flash(attention=attention, gpu=gpu):
         attn = tm.flash_attention_forward_seconds(tokens=tokens, seq_len=seq_len, q_width=q / tp, peak_flops=peak_flops,
-                                                  fraction=gpu.attention_fraction(kernel=attention, seq_len=seq_len))
+                                                  fraction=gpu.attention_fraction(kernel=attention, seq_len=seq_len,
+                                                                                  head_dim=facts.head_dim))
+        if attention == "flash" and not fused:  # HF passes sliding_window to flash_attn's window_size
+            attn *= window_share(seq_len=seq_len, window=getattr(facts, "sliding_window", None))
         scores_memory = backward_scores = 0.0
     else:
         attn = score_flops / (peak_flops * gpu.gemm_fraction(facts.head_dim))
@@ -205,7 +252,12 @@ def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_byt
             hidden=h, q_width=q / tp, kv_width=kv / tp, ffn=f / tp, head_dim=facts.head_dim, act_bytes=w, sp=sp,
             norm="rmsnorm" if shape.rmsnorm else "layernorm", activation=facts.activation, gated=gated,
             rotary=facts.rotary, dropout=shape.dropout, bias=facts.bias, fused_qkv=facts.fused_qkv,
-            qk_norm=facts.qk_norm, **dict(facts.eager_keywords))
+            qk_norm=facts.qk_norm, **dict(facts.eager_keywords,
+                                          # HF's flash_attention_2 path takes grouped K/V as they are:
+                                          # no repeat_kv copies (integrations/flash_attention.py)
+                                          **({"kv_repeated": False} if attention == "flash" else {}),
+                                          # a mask (a reached sliding window) makes SDPA's K/V repeated
+                                          **({"kv_repeated": True} if masked else {})))
         per_token = eager.forward
         backward_elementwise = tm.memory_seconds(nbytes=eager.backward * tokens, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
     elementwise = tm.memory_seconds(nbytes=per_token * tokens, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
@@ -841,7 +893,9 @@ def collective_calls(*, zero_stage: int, dp: int, tp: int, pp: int, grad_accum: 
       model's tensors unknown) one all-gather per parameterised module per micro-batch;
     - TP: per layer and micro-batch two all-reduces forward and two backward, two more under full
       recompute; sequence parallelism turns each into a reduce-scatter + all-gather pair;
-    - PP: a send forward and one backward per micro-batch and boundary, ``v`` times interleaved.
+    - PP: Megatron, a send forward and one backward per micro-batch and boundary, ``v`` times
+      interleaved; DeepSpeed's pipeline engine, the blocking sends and receives of one stage's
+      timeline (``deepspeed_pipe_transfers``: 8 per micro-batch on an inner stage at tp = 1).
 
     ``P`` is the rank's trainable elements before ZeRO sharding (ZeRO reduces every gradient)."""
     m = grad_accum
@@ -875,7 +929,7 @@ def collective_calls(*, zero_stage: int, dp: int, tp: int, pp: int, grad_accum: 
         per_layer = (4 + (2 if recompute == "full" else 0)) * (2 if sequence_parallel else 1)
         out["tp"] = m * stage_layers * per_layer
     if pp > 1:
-        out["pp"] = m * 2 * virtual_stages
+        out["pp"] = m * (2 * virtual_stages if engine == "megatron" else deepspeed_pipe_transfers(pp=pp, tp=tp)[1])
     return CollectiveCalls(**out)
 
 
@@ -1052,6 +1106,87 @@ def latency_extra_seconds(*, call_seconds: float, priced_seconds: float) -> floa
     return max(0.0, call_seconds - priced_seconds)
 
 
+PIPE_FORWARD_TENSORS = 3
+"""Tensors ``dstk.pipeline`` passes between stages: ``(hidden, attention_mask, position_ids)``
+(``toolkit/pipeline/stages.py``); only the hidden state is float and has a gradient."""
+
+
+def deepspeed_pipe_transfers(*, pp: int, tp: int = 1) -> tuple[int, int]:
+    """``(hidden-state transfers, calls)`` that one micro-batch puts on a stage's timeline under
+    DeepSpeed 0.19.8's ``PipelineEngine`` with ``TrainSchedule`` (1F1B):
+
+    - Every transfer is a blocking ``dist.send``/``dist.recv`` (``pipe/p2p.py:46-84`` asserts
+      ``async_op == False``), one call per tensor of the tuple (``pipe/engine.py:1042-1046``
+      ``_exec_send_activations``, ``1094-1108`` ``_exec_send_grads``): ``PIPE_FORWARD_TENSORS``
+      forward, the hidden state's gradient backward; with ``pipe_partitioned``/``grad_partitioned``
+      (dstk's config when tp > 1) one more each, the ``PartitionedTensor`` meta
+      (``engine.py:748``, ``1080``). The tensor meta goes once per run (``first_output_send``,
+      ``engine.py:1038``).
+    - The schedule runs lock-step (``pipe/schedule.py:197-245``): a forward step first sends the
+      previous gradient back then receives the activation (``SendGrad``, ``RecvActivation``), a
+      backward step receives the gradient then sends the previous activation; nothing overlaps
+      compute, since the compute stream waits on each call. An inner stage so carries 2 sends and
+      2 receives of the hidden state per micro-batch, an end stage (pp = 2) 1 and 1.
+      ``tests/test_pipeline_costs.py`` replays DeepSpeed's own ``TrainSchedule`` with blocking
+      transfers of ``c`` seconds: each further micro-batch adds ``4 c`` at pp = 4 and 8, ``2 c``
+      at pp = 2, and the fill and drain no more (Megatron's ``send_forward_recv_backward`` pairs
+      them: 2 ``c``).
+    Counted on 2 gloo ranks: ``tests/test_pipeline_costs.py`` (3 sends and 1 receive a
+    micro-batch on stage 0)."""
+    neighbours = 1 if pp <= 2 else 2
+    partitioned = 1 if tp > 1 else 0
+    return 2 * neighbours, neighbours * (PIPE_FORWARD_TENSORS + partitioned + 1 + partitioned)
+
+
+def tied_grad_allreduce_seconds(*, facts, pp: int, tp: int, dp: int, precision: str, cluster) -> float:
+    """DeepSpeed 0.19.8's pipeline engine all-reduces the gradient of a weight tied across stages
+    (the embedding and a tied head, ``TiedLayerSpec``) between the stages that hold it, once a step
+    after the last backward and before the DP reduction (``ReduceTiedGrads``, ``pipe/schedule.py:239``;
+    ``_exec_reduce_tied_grads``, ``pipe/engine.py:269-285``): a 2-rank ring all-reduce of
+    ``w V h`` bytes (the 16-bit gradient, or ``BF16_Optimizer``'s bf16 accumulation buffer) between
+    stage 0 and stage ``p - 1``, ``(p - 1) t d`` ranks apart, exposed. 0 without a pipeline or a tie.
+    Counted on 2 gloo ranks (``tests/test_pipeline_costs.py``: one all-reduce of ``V h`` elements)."""
+    if pp <= 1 or not facts.tied or not facts.vocab:
+        return 0.0
+    from dstk.estimate import _bandwidth
+
+    bw, lat = _bandwidth(group=2, stride=(pp - 1) * tp * dp, cluster=cluster)
+    nbytes = mem.param_bytes(precision) * facts.vocab * facts.hidden
+    call = collective_latency(group=2, stride=(pp - 1) * tp * dp, cluster=cluster, nbytes=nbytes)
+    return tm.ring_allreduce_seconds(nbytes=nbytes, ranks=2, bandwidth=bw, latency=lat) + latency_extra_seconds(
+        call_seconds=call, priced_seconds=2 * lat)
+
+
+def bf16_optimizer_in_pipeline(*, engine: str, pp: int, zero_stage: int, precision: str) -> bool:
+    """Whether DeepSpeed 0.19.8 wraps the optimizer in ``BF16_Optimizer`` for a pipeline: ZeRO-0 in
+    bf16 with the default ``data_types.grad_accum_dtype`` (the model's: ``engine.py:1806``), which
+    ``_do_optimizer_sanity_check`` sends to ``BFLOAT16`` only under a pipeline
+    (``engine.py:2316-2320``, with a warning that bf16 accumulation over many micro-batches is not
+    safe); without one it is ``FP16_Optimizer``'s fused path (``DDP_BFLOAT16``)."""
+    return engine == "deepspeed" and pp > 1 and zero_stage == 0 and precision == "bf16"
+
+
+def bf16_pipe_grad_bytes_per_param(*, last: bool, precision: str = "bf16") -> float:
+    """HBM bytes per parameter that ``BF16_Optimizer`` adds to each micro-batch's backward under
+    DeepSpeed's pipeline engine, beyond the accumulation into ``.grad`` that
+    ``timing.grad_accumulation_bytes_per_param`` prices:
+
+    - ``clear_lp_grads`` zeroes every 16-bit ``.grad`` (``w`` written, ``bf16_optimizer.py:612``)
+      before each backward: twice on a stage that is not last (``pipe/engine.py:846-847``, then
+      the engine's ``_backward_prologue`` through the output hooks, ``engine.py:3011-3021`` and
+      ``3141``), once on the last (``DeepSpeedEngine.backward``);
+    - ``update_hp_grads`` after each backward (``pipe/engine.py:862-865``; the last stage's
+      ``_backward_epilogue``, ``engine.py:3159-3161``) adds each ``.grad`` into the flat
+      accumulation buffer of ``grad_acc_dtype`` (bf16 by default):
+      ``hp.add_(lp.to(hp.dtype))`` (``bf16_optimizer.py:520``), read ``w`` twice and write ``w``.
+
+    ``5 w`` (10 B) per micro-batch on an inner stage, ``4 w`` on the last. Counted on 2 gloo ranks:
+    ``tests/test_pipeline_costs.py``."""
+    w = mem.param_bytes(precision)
+    clears = 1 if last else 2
+    return clears * w + 3 * w
+
+
 def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "autotp",
               kernels: MegatronKernels = MegatronKernels(), zero_kernels: ZeroKernels = ZeroKernels(), lora=None,
               fused_kernels: bool | None = None):
@@ -1083,8 +1218,12 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
         # (scattered over the TP group, Narayanan et al. 2021 §4.1); interleaving crosses v
         # times as many boundaries (§2.2.2).
         call = collective_latency(group=2, stride=tp * dp, cluster=cluster, kind="send")
-        pp_mb = 2 * v * (tokens_mb * f.hidden * w / tp / bw + lat + latency_extra_seconds(call_seconds=call,
-                                                                                         priced_seconds=lat))
+        per_call = lat + latency_extra_seconds(call_seconds=call, priced_seconds=lat)
+        if megatron:
+            pp_mb = 2 * v * (tokens_mb * f.hidden * w / tp / bw + per_call)
+        else:  # DeepSpeed's PipelineEngine: every send and receive blocks, one after another
+            transfers, calls = deepspeed_pipe_transfers(pp=pp, tp=tp)
+            pp_mb = transfers * tokens_mb * f.hidden * w / tp / bw + calls * per_call
         if tp > 1 and not (megatron and layout.sequence_parallel):
             # The receiver re-assembles the scattered tensor with an all-gather over its TP group
             # before it can compute (Megatron ``gather_split_1d_tensor``; DeepSpeed's pipe engine
@@ -1104,6 +1243,8 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
     accumulate = tm.grad_accumulation_bytes_per_param(engine="megatron" if megatron else "deepspeed",
                                                       precision=training.precision)
     # The slowest stage sets the pace of every micro-batch (1F1B, Narayanan et al. 2021 §2.2).
+    hp_grads = bf16_optimizer_in_pipeline(engine="megatron" if megatron else "deepspeed", pp=pp,
+                                          zero_stage=layout.zero_stage, precision=training.precision)
     stage_fwd = stage_bwd = stage_tp = stage_tp_fwd = 0.0
     for i, n in enumerate(counts):
         ends = stage_params(f, layers=0, first=i == 0, last=i == pp - 1, tp=tp, pp=pp, tp_style=tp_style)
@@ -1111,6 +1252,11 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
         bwd = n * layer.backward + (2 * embed / 3 if i == 0 else 0.0) + (2 * head / 3 if i == pp - 1 else 0.0)
         bwd += tm.memory_seconds(nbytes=accumulate * ends, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
         bwd += lora.stage_backward_seconds if lora is not None else 0.0  # LoRA: frozen embedding and head
+        if hp_grads and lora is None:  # BF16_Optimizer under a DeepSpeed pipeline, every micro-batch
+            hp_bytes = bf16_pipe_grad_bytes_per_param(last=i == pp - 1, precision=training.precision)
+            bwd += tm.memory_seconds(nbytes=hp_bytes * stage_params(f, layers=n, first=i == 0, last=i == pp - 1,
+                                                                    tp=tp, pp=pp, tp_style=tp_style),
+                                     hbm_bytes_per_s=gpu.hbm_bytes_per_s)
         if fwd + bwd + n * layer.tp > stage_fwd + stage_bwd + stage_tp:
             stage_fwd, stage_bwd, stage_tp, stage_tp_fwd = fwd, bwd, n * layer.tp, n * layer.tp_forward
     mb_compute = stage_fwd + stage_bwd
@@ -1236,7 +1382,10 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
             dp_seconds = tm.ring_allreduce_seconds(nbytes=grad_bytes, ranks=dp, bandwidth=bw, latency=lat)
             dp_seconds += latency_extra_seconds(call_seconds=pass_calls,
                                                 priced_seconds=2 * (dp - 1) * lat)
-            overlap = layout.zero_stage == 1 and buffers.overlaps(1) and not megatron and not sync
+            # DeepSpeed's pipeline engine reduces after the last backward (``PipelineEngine`` sets
+            # ``enable_backward_allreduce = False``, pipe/engine.py:80; ``ReduceGrads`` at the
+            # schedule's last step, pipe/schedule.py:239-241): nothing overlaps under pp > 1.
+            overlap = layout.zero_stage == 1 and buffers.overlaps(1) and not megatron and not sync and pp == 1
             exposed_dp = _dp_exposed_seconds(seconds=dp_seconds, backward_seconds=stage_bwd,
                                              bucket_seconds=bucket + latency_extra_seconds(
                                                  call_seconds=call, priced_seconds=2 * (dp - 1) * lat),
@@ -1251,8 +1400,9 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
         offload_seconds = (4 + w) * shard / gpu.host_bytes_per_s + hw.host_optimizer_seconds(
             params_per_rank=shard, ranks_per_node=cluster.gpus_per_node,
             host_dram_bytes_per_s=cluster.host_dram_bytes_per_s,
-            bytes_per_param=hw.host_optimizer_bytes_per_param(optimizer=training.optimizer,
-                                                              precision=training.precision))
+            bytes_per_param=hw.host_optimizer_bytes_per_param(
+                optimizer=training.optimizer, precision=training.precision, zero_stage=layout.zero_stage,
+                gradient_clipping=training.grad_clip))
         if layout.offload_params != "none":
             offload_seconds += m * 2 * gathered_bytes / gpu.host_bytes_per_s  # LoRA: the frozen base too
     else:
@@ -1265,7 +1415,9 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
         num_tensors=stage_tensors(f, layers=counts[worst], first=worst == 0, last=worst == pp - 1, pp=pp))
     compute = m * stage_mb + optimizer_seconds + gpu.step_overhead_seconds + zero_hooks
     bubble = bubble_frac * m * stage_mb
-    comm = exposed_dp + exposed_zero3 + offload_seconds
+    tied = tied_grad_allreduce_seconds(facts=f, pp=pp, tp=tp, dp=dp, precision=training.precision,
+                                       cluster=cluster) if not megatron and lora is None else 0.0
+    comm = exposed_dp + exposed_zero3 + offload_seconds + tied
     step = compute + bubble + comm
 
     tokens_step = layout.global_batch * training.seq_len
@@ -1286,7 +1438,7 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
     achieved = model_flops_step / step / world if step > 0 else 0.0
     return Time(
         step_seconds=step, compute_seconds=compute, comm_seconds=comm,
-        comm={"dp": dp_seconds, "zero3_gather": gather_seconds, "tp": m * stage_tp, "pp": m * pp_mb,
+        comm={"dp": dp_seconds, "zero3_gather": gather_seconds, "tp": m * stage_tp, "pp": m * pp_mb + tied,
               "offload": offload_seconds},
         bubble_seconds=bubble, bubble_fraction=bubble_frac, tokens_per_second=tps,
         tflops_per_gpu=achieved / 1e12, mfu=achieved / peak, hfu=achieved * recompute_factor / peak,
