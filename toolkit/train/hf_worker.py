@@ -143,7 +143,8 @@ def main(argv: list[str]) -> int:
         summary = {"steps": spec.num_steps, "first_loss": losses[0] if losses else None,
                    "last_loss": losses[-1] if losses else None, "eval_loss": ev,
                    "eval_perplexity": None if ev is None else math.exp(min(ev, 50)),
-                   "export_dir": str(out / "model"), "trainer": "hf", "log_history": trainer.state.log_history}
+                   "export_dir": str(out / "model"), "trainer": "hf", "log_history": trainer.state.log_history,
+                   "attn_implementation": model.config._attn_implementation}
         from dstk.launch.run import write_atomic
 
         write_atomic(out / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -98,6 +98,57 @@ def effective_config(config: dict, *, num_steps: int, metrics_dir: str,
     return out, notes
 
 
+HF_ATTENTION = {"sdpa": "sdpa", "eager": "eager", "flash": "flash_attention_2"}
+"""plan.json ``training.attention`` -> transformers' ``attn_implementation`` (the ``--attention`` names of
+``dstk.plan.choose_attention``)."""
+
+
+def hf_attention(plan: dict) -> str | None:
+    """The ``attn_implementation`` the ranks request: the kernel the plan priced (``training.attention``),
+    or None for a plan.json without one (a run directory from before it was written: transformers'
+    default, as those runs had)."""
+    kernel = (plan.get("training") or {}).get("attention")
+    if kernel is None:
+        return None
+    if kernel not in HF_ATTENTION:
+        raise DstkError(f"plan.json training.attention: {kernel!r} is not one of {', '.join(HF_ATTENTION)}",
+                        hint="regenerate the run directory with `dstk generate ... --attention sdpa`")
+    return HF_ATTENTION[kernel]
+
+
+def check_attention_loads(attn_implementation: str | None, *, model_type: str | None) -> None:
+    """Refuse, before any rank starts, a kernel transformers would refuse on every rank at
+    ``from_pretrained``/``from_config``: ``flash_attention_2`` without the ``flash_attn`` package
+    (``PreTrainedModel._flash_attn_can_dispatch`` raises; with the ``kernels`` package installed it
+    fetches a hub kernel instead, which needs a network), and a kernel the model's HF class does
+    not declare (``_supports_sdpa`` / ``_supports_flash_attn``: an explicit request raises where the
+    default falls back to eager; ``get_correct_attn_implementation`` in transformers 5.25)."""
+    import importlib.util
+
+    if attn_implementation is None:
+        return
+    kernel = next(k for k, v in HF_ATTENTION.items() if v == attn_implementation)
+    if attn_implementation == "flash_attention_2" and importlib.util.find_spec("flash_attn") is None:
+        raise DstkError("the plan priced FlashAttention-2 (training.attention: flash) but the flash_attn package is "
+                        "not installed here: transformers refuses attn_implementation=\"flash_attention_2\" without it",
+                        hint="install it (pip install flash-attn --no-build-isolation), or re-plan with "
+                             "`dstk generate ... --attention sdpa` (or `dstk finetune ... --attention sdpa`)")
+    flag = {"sdpa": "_supports_sdpa", "flash_attention_2": "_supports_flash_attn"}.get(attn_implementation)
+    if flag is None or model_type is None:
+        return
+    try:
+        import transformers
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+        cls = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type])
+    except (KeyError, AttributeError, ImportError):  # a class dstk cannot name: transformers decides on the ranks
+        return
+    if not getattr(cls, flag, False):
+        raise DstkError(f"the plan priced {kernel} attention but transformers' {cls.__name__} has none (no {flag}): "
+                        f"from_pretrained(attn_implementation=\"{attn_implementation}\") raises",
+                        hint="re-plan with `dstk generate ... --attention eager` (what transformers runs for it)")
+
+
 def _check_plan(req: FinetuneRequest) -> tuple[dict, dict]:
     from dstk.launch.rundir import read_plan
 
@@ -134,6 +185,7 @@ def prepare(req: FinetuneRequest, *, log=lambda s: print(s, file=sys.stderr)) ->
         if not spec_path.is_file():
             raise UsageError(f"--resume: {spec_path} not found", hint="resume in the --output of an earlier run")
         spec = TrainSpec.load(spec_path)
+        check_attention_loads(spec.attn_implementation, model_type=_model_type(spec.model_source))
         elastic = req.ranks is not None and req.ranks != spec.world_size
         _check_plan(dataclasses.replace(req, run_dir=spec.run_dir, ranks=None if elastic else req.ranks))
         if req.steps is not None and req.steps != spec.num_steps:
@@ -194,6 +246,13 @@ def _check_resume_lora(req: FinetuneRequest, spec: TrainSpec) -> None:
     if wanted != spec.lora or req.merge != spec.merge:
         raise DstkError("the LoRA flags differ from the run being resumed (its settings are in finetune.json)",
                         hint="drop the --lora-* and --merge flags to resume as the run started, or start a new --output")
+
+
+def _model_type(model_source: str) -> str | None:
+    try:
+        return json.loads((Path(model_source) / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError):
+        return None
 
 
 def _plan_into(intent_path: str | None, run_dir: Path, *, log) -> Path:
@@ -305,6 +364,8 @@ def _prepare_new(req: FinetuneRequest, out: Path, *, log) -> Path:
             f"({', '.join(differ)}): its memory and step-time figures are for the plan's model, not this one; "
             f"to plan for this one, drop --plan and give the plan flags (dstk finetune --model {req.model} --gpus N "
             f"--output DIR ...)")
+    attn_implementation = hf_attention(plan)
+    check_attention_loads(attn_implementation, model_type=cfg.get("model_type"))
     lora = _lora_settings(req, family=str(cfg["model_type"]))
     if lora is not None:
         _check_lora_layout(req, lora, tp=tp, pp=pp, zero_stage=int((config.get("zero_optimization") or {}).get("stage", 0)),
@@ -398,7 +459,7 @@ def _prepare_new(req: FinetuneRequest, out: Path, *, log) -> Path:
         precision=precision_of(config), save_every=req.save_every, eval_every=req.eval_every,
         log_every=req.log_every, resume=False, trainer=req.trainer, run_dir=str(Path(req.run_dir).resolve()),
         hf_ds_config=str(hf_config_path.resolve()) if hf_config_path else None, lora=lora, merge=req.merge,
-        report_to=report_to,
+        report_to=report_to, attn_implementation=attn_implementation,
     )
     spec.dump(spec_path)
     return spec_path

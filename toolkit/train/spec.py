@@ -51,6 +51,11 @@ class TrainSpec:
     """``--report-to``: the metric backends (csv, tensorboard, wandb), writing under OUTPUT/logs/;
     the native loop through DeepSpeed's monitor blocks in ``ds_config``, the Trainer through
     ``TrainingArguments.report_to`` (``dstk.train.logs``)."""
+    attn_implementation: str | None = None
+    """transformers' ``attn_implementation`` for every model the ranks build: the plan's
+    ``training.attention`` (``dstk.train.prepare.HF_ATTENTION``: sdpa, eager, flash_attention_2), the
+    kernel its memory and step time were priced with; None (a run directory without it): transformers'
+    default (sdpa where the class has it, else eager)."""
 
     def __post_init__(self) -> None:
         for name in ("num_steps", "world_size", "tp", "pp", "log_every"):
@@ -65,6 +70,9 @@ class TrainSpec:
             raise ValueError("merge: only with lora (a full fine-tune's export is already merged)")
         if self.precision not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"precision: expected bf16|fp16|fp32, got {self.precision!r}")
+        if self.attn_implementation not in (None, "eager", "sdpa", "flash_attention_2"):
+            raise ValueError(f"attn_implementation: expected eager|sdpa|flash_attention_2 or None, "
+                             f"got {self.attn_implementation!r}")
 
     def dump(self, path: str | os.PathLike) -> None:
         from dstk.launch.run import write_atomic

@@ -52,7 +52,15 @@ def lm_loss(model, batch):
     return model(input_ids=batch, labels=batch, use_cache=False).loss
 
 
+def attn_kwargs(spec: TrainSpec) -> dict:
+    """``{"attn_implementation": ...}`` for ``from_pretrained`` / ``from_config``: the kernel the plan
+    priced (``TrainSpec.attn_implementation``); empty for a spec without one (transformers' default)."""
+    return {"attn_implementation": spec.attn_implementation} if spec.attn_implementation else {}
+
+
 def build_model(spec: TrainSpec):
+    """The model every trainer path trains (the native loop, the pipeline through ``to_pipeline``,
+    transformers' Trainer), with the plan's attention kernel (``attn_kwargs``)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -60,10 +68,10 @@ def build_model(spec: TrainSpec):
     if spec.lora is not None and spec.lora.bits == 4:
         return _qlora_base(spec)
     if spec.pretrained:
-        model = AutoModelForCausalLM.from_pretrained(spec.model_source, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(spec.model_source, dtype=torch.float32, **attn_kwargs(spec))
     else:
         config = AutoConfig.from_pretrained(spec.model_source)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **attn_kwargs(spec))
     if spec.lora is not None:
         from dstk.train import lora
 
@@ -88,7 +96,7 @@ def _qlora_base(spec: TrainSpec):
                                bnb_4bit_compute_dtype=compute)
     local = int(os.environ.get("LOCAL_RANK", "0"))
     model = AutoModelForCausalLM.from_pretrained(spec.model_source, quantization_config=quant, dtype=compute,
-                                                 device_map={"": local})
+                                                 device_map={"": local}, **attn_kwargs(spec))
     model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     return lora.apply(model, spec.lora)
 
@@ -152,7 +160,7 @@ def export(engine, model_cls_config, spec: TrainSpec, *, rank: int) -> str | Non
     if rank != 0:
         return None
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[spec.precision]
-    model = AutoModelForCausalLM.from_config(model_cls_config, dtype=dtype)
+    model = AutoModelForCausalLM.from_config(model_cls_config, dtype=dtype, **attn_kwargs(spec))
     missing, unexpected = model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or [])
     missing = [k for k in missing if k not in tied and not (model.config.tie_word_embeddings and "lm_head" in k)]
@@ -209,7 +217,7 @@ def export_lora(engine, model_config, spec: TrainSpec, *, rank: int) -> dict | N
     else:
         base_state = {k.removeprefix("base_model.model.").replace(".base_layer.", "."): v
                       for k, v in state.items() if not lora.is_adapter_key(k)}
-        base = AutoModelForCausalLM.from_config(model_config, dtype=dtype)
+        base = AutoModelForCausalLM.from_config(model_config, dtype=dtype, **attn_kwargs(spec))
         _load_exact(base, {k: v.to(dtype) for k, v in base_state.items()})
         tmp = Path(tempfile.mkdtemp(prefix=".base-", dir=out))
         base.save_pretrained(str(tmp))
@@ -218,13 +226,14 @@ def export_lora(engine, model_config, spec: TrainSpec, *, rank: int) -> dict | N
     if spec.lora.bits:
         # QLoRA: the engine's base is 4-bit; the adapters go onto the full-precision source weights
         # (the usual way to merge a QLoRA adapter). Untested here: no GPU.
-        model = lora.apply(AutoModelForCausalLM.from_pretrained(spec.model_source, dtype=dtype), spec.lora)
+        model = lora.apply(AutoModelForCausalLM.from_pretrained(spec.model_source, dtype=dtype, **attn_kwargs(spec)),
+                           spec.lora)
         missing, unexpected = model.load_state_dict(
             {k: v.to(dtype) for k, v in state.items() if lora.is_adapter_key(k)}, strict=False)
         if unexpected or any(lora.is_adapter_key(k) for k in missing):
             raise RuntimeError(f"export: adapter weights do not match: missing {missing}, unexpected {unexpected}")
     else:
-        model = lora.apply(AutoModelForCausalLM.from_config(model_config, dtype=dtype), spec.lora)
+        model = lora.apply(AutoModelForCausalLM.from_config(model_config, dtype=dtype, **attn_kwargs(spec)), spec.lora)
         _load_exact(model, {k: v.to(dtype) for k, v in state.items()})
     written["base_model"] = model.peft_config["default"].base_model_name_or_path = str(Path(base_path).resolve())
     tmp = Path(tempfile.mkdtemp(prefix=".adapter-", dir=out))
@@ -280,6 +289,11 @@ def main(argv: list[str]) -> int:
     random.seed(spec.seed)
     torch.manual_seed(spec.seed)
     model = build_model(spec)
+    # What transformers resolved (the plan's kernel, or its default for a spec without one): said, and in summary.json.
+    attention = model.config._attn_implementation
+    if rank == 0:
+        _say(f"attention: {attention}" + (" (the plan's training.attention)" if spec.attn_implementation else
+                                          " (transformers' default: the run directory's plan names no kernel)"))
     train = torch.load(spec.train_blocks)
     evals = torch.load(spec.eval_blocks) if spec.eval_blocks else None
     seq_len = train.shape[1]
@@ -413,7 +427,7 @@ def main(argv: list[str]) -> int:
         summary = {"steps": spec.num_steps, "start_step": start, "first_loss": first, "last_loss": last,
                    "eval_loss": ev, "eval_perplexity": None if ev is None else math.exp(min(ev, 50)),
                    "tokens": tokens_per_step * (spec.num_steps - start), "seconds": elapsed,
-                   "export_dir": out, "checkpoint": last_ckpt, **(written or {}),
+                   "export_dir": out, "checkpoint": last_ckpt, **(written or {}), "attn_implementation": attention,
                    # On a GPU: the allocator's peak on rank 0 (what dstk estimate predicts per GPU).
                    "peak_memory_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None}
         from dstk.launch.run import write_atomic
