@@ -126,6 +126,14 @@ def _kill_left(pattern: str) -> None:
                 pass
 
 
+def hangup_default() -> None:
+    """``preexec_fn`` for a launch a test will send SIGHUP: SIGHUP back to its default action. A test
+    suite started under ``nohup`` passes SIGHUP ignored to every child, and dstk rightly keeps a hangup
+    that was ignored when it started ignored (``dstk.launch.run``): the test is of dstk's handling, not
+    of how the suite was started."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def stop_all(*procs: subprocess.Popen | None, patterns: tuple[str, ...] = ()) -> None:
     """A test's cleanup, whatever it asserted: kill each started process's group (the launch first, then the
     decoy), then any process left whose command line holds one of ``patterns`` (the run's training script,

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch_support import SLEEPER, Output, clean_env, cmdlines, python, start_decoy, stop_all
+from tests.launch_support import (SLEEPER, Output, clean_env, cmdlines, hangup_default, python, start_decoy,
+                                  stop_all)
 from tests.services import generate_tiny_run, generate_two_node_run, sshd_fixture
 
 REPO = Path(__file__).resolve().parent.parent
@@ -96,7 +97,7 @@ def test_a_signal_stops_this_local_run(local_run, tmp_path, free_port, signum, e
                 "--launcher", launcher, "--", str(script), "--steps", "100000"]
         # start_new_session: a test's signal must not reach pytest; dstk stands for a job's top process
         proc = subprocess.Popen(argv, env=clean_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+                                text=True, start_new_session=True, preexec_fn=hangup_default)
         out = Output(proc)
         if early:
             out.wait_for(lambda _text: any("deepspeed.launcher.runner" in c and str(script) in c
@@ -144,7 +145,7 @@ def test_sighup_stops_only_this_pdsh_run(sshd, python, tmp_path_factory, tmp_pat
         argv = [python, "-m", "dstk", "launch", str(run), "--hostfile", str(hostfile), "--launcher", "pdsh",
                 "--master-addr", "127.0.0.1", "--master-port", str(free_port), "--", str(script)]
         proc = subprocess.Popen(argv, env=clean_env(**sshd.env), cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=hangup_default)
         out = Output(proc)
         out.wait_for(lambda text: "localhost: [rank 0] ready 0" in text and "127.0.0.1: [rank 1] ready 1" in text,
                      what="both ranks", proc=proc)
