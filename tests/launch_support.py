@@ -127,11 +127,13 @@ def _kill_left(pattern: str) -> None:
 
 
 def hangup_default() -> None:
-    """``preexec_fn`` for a launch a test will send SIGHUP: SIGHUP back to its default action. A test
-    suite started under ``nohup`` passes SIGHUP ignored to every child, and dstk rightly keeps a hangup
-    that was ignored when it started ignored (``dstk.launch.run``): the test is of dstk's handling, not
-    of how the suite was started."""
+    """``preexec_fn`` for a launch a test will signal: SIGHUP and SIGINT back to their default actions. A
+    suite started under ``nohup`` passes SIGHUP ignored to every child, and one started as a background job
+    of a shell without job control passes SIGINT ignored (Python then never raises KeyboardInterrupt);
+    dstk rightly keeps a signal that was ignored when it started ignored (``dstk.launch.run``): the test is
+    of dstk's handling, not of how the suite was started."""
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def stop_all(*procs: subprocess.Popen | None, patterns: tuple[str, ...] = ()) -> None:

@@ -37,6 +37,7 @@ import pytest
 from dstk.cli import main
 from dstk.train import checkpoint as ckpt
 from dstk.train.logs import RunSink
+from tests.launch_support import hangup_default
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "templates" / "corpus" / "harbour-notes.txt"
@@ -202,7 +203,7 @@ def test_ctrl_c_says_where_to_resume_then_export_and_resume_go_on_from_there(hf_
             "--gpus", "2", "--zero", "2", "--output", str(out), "--steps", "100000", "--save-every", "100",
             "--log-every", "50"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=hangup_default)
     text = ""
     try:
         for line in proc.stdout:
@@ -243,7 +244,7 @@ def test_ctrl_c_says_where_to_resume_then_export_and_resume_go_on_from_there(hf_
     # resume, then stop again by SIGTERM to dstk alone (kill): no failure tail, the note moves on
     proc = subprocess.Popen([sys.executable, "-m", "dstk.cli", "finetune", "--output", str(out), "--resume"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=hangup_default)
     text = ""
     try:
         for line in proc.stdout:

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch_support import SLEEPER, Output, clean_env, cmdlines, python, start_decoy, stop_all, stop_group
+from tests.launch_support import (SLEEPER, Output, clean_env, cmdlines, hangup_default, python, start_decoy, stop_all,
+                                  stop_group)
 from tests.services import generate_tiny_run, generate_two_node_run, sshd_fixture
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,7 +92,8 @@ def test_a_signal_stops_only_this_pdsh_run(sshd, python, two_node_run, tmp_path,
                 "--master-addr", "127.0.0.1", "--master-port", str(free_port), "--", str(script)]
         # start_new_session: dstk's own process group stands for the terminal's foreground group
         proc = subprocess.Popen(argv, env=clean_env(**sshd.env, LOCAL_RANK="0", RANK="0", WORLD_SIZE="1"), cwd=REPO,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                preexec_fn=hangup_default)
         out = Output(proc)
         if early:
             out.wait_for(lambda text: "cmd = pdsh " in text, what="the runner's pdsh", proc=proc)
@@ -131,7 +133,7 @@ def test_ctrl_c_stops_a_local_run(local_run, tmp_path, free_port):
     try:
         argv = [sys.executable, "-m", "dstk", "launch", str(local_run), "--master-port", str(free_port), "--", str(script)]
         proc = subprocess.Popen(argv, env=clean_env(LOCAL_RANK="0", RANK="0"), cwd=REPO, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=hangup_default)
         out = Output(proc)
         out.wait_for(lambda text: "[rank 0] ready 0" in text and "[rank 1] ready 1" in text, what="both ranks", proc=proc)
         rc, gone_seconds, exit_seconds = _signal_and_wait(proc, out, signal.SIGINT, marker=str(script))
