@@ -1046,8 +1046,13 @@ def choose_precision(*, requested: str | None, gpu: Any) -> tuple[str, str]:
                     f"scaling; --precision fp32 for full precision")
 
 
-_HF_FLAG = {"sdpa": ("SDPA", "_supports_sdpa", "sdpa"),
-            "flash": ("FlashAttention-2", "_supports_flash_attn", "flash_attention_2")}
+HF_ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash": "flash_attention_2"}
+"""``--attention`` kernel -> transformers' ``attn_implementation`` (what the fine-tune requests)."""
+
+HF_SUPPORT_FLAG = {"sdpa": "_supports_sdpa", "flash": "_supports_flash_attn"}
+"""The class attribute by which a transformers model declares the kernel (eager always runs)."""
+
+_HF_KIND = {"sdpa": "SDPA", "flash": "FlashAttention-2"}
 
 
 def _hf_class(spec: Any) -> str:
@@ -1092,7 +1097,7 @@ def check_attention(*, attention: str, precision: str, gpu: Any, spec: Any = Non
 
     kernels = getattr(spec, "attention_kernels", None)
     if kernels is not None and engine != "megatron" and attention not in kernels:
-        kind, flag, hf_name = _HF_FLAG[attention]
+        kind, flag, hf_name = _HF_KIND[attention], HF_SUPPORT_FLAG[attention], HF_ATTENTION[attention]
         raise DstkError(f"training.attention: {attention} for {spec.name}: transformers' {_hf_class(spec)} has no "
                         f"{kind} attention (no {flag}): from_pretrained(attn_implementation=\"{hf_name}\") raises",
                         hint="use --attention eager (what transformers runs for it), or leave --attention unset: "

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dstk.errors import DstkError, UsageError
+from dstk.plan import HF_ATTENTION, HF_SUPPORT_FLAG
 from dstk.train.spec import TrainSpec
 
 
@@ -98,11 +99,6 @@ def effective_config(config: dict, *, num_steps: int, metrics_dir: str,
     return out, notes
 
 
-HF_ATTENTION = {"sdpa": "sdpa", "eager": "eager", "flash": "flash_attention_2"}
-"""plan.json ``training.attention`` -> transformers' ``attn_implementation`` (the ``--attention`` names of
-``dstk.plan.choose_attention``)."""
-
-
 def hf_attention(plan: dict) -> str | None:
     """The ``attn_implementation`` the ranks request: the kernel the plan priced (``training.attention``),
     or None for a plan.json without one (a run directory from before it was written: transformers'
@@ -133,7 +129,7 @@ def check_attention_loads(attn_implementation: str | None, *, model_type: str | 
                         "not installed here: transformers refuses attn_implementation=\"flash_attention_2\" without it",
                         hint="install it (pip install flash-attn --no-build-isolation), or re-plan with "
                              "`dstk generate ... --attention sdpa` (or `dstk finetune ... --attention sdpa`)")
-    flag = {"sdpa": "_supports_sdpa", "flash_attention_2": "_supports_flash_attn"}.get(attn_implementation)
+    flag = HF_SUPPORT_FLAG.get(kernel)
     if flag is None or model_type is None:
         return
     try:

@@ -53,7 +53,7 @@ class TrainSpec:
     ``TrainingArguments.report_to`` (``dstk.train.logs``)."""
     attn_implementation: str | None = None
     """transformers' ``attn_implementation`` for every model the ranks build: the plan's
-    ``training.attention`` (``dstk.train.prepare.HF_ATTENTION``: sdpa, eager, flash_attention_2), the
+    ``training.attention`` (``dstk.plan.HF_ATTENTION``: sdpa, eager, flash_attention_2), the
     kernel its memory and step time were priced with; None (a run directory without it): transformers'
     default (sdpa where the class has it, else eager)."""
 
