@@ -189,6 +189,27 @@ def _env() -> dict:
     return env
 
 
+def _stop_at(argv: list[str], *, step: int, stop) -> tuple[int, str]:
+    """Start ``dstk finetune`` (``argv``) in a session of its own, read its output until the progress line
+    of ``step`` or later, call ``stop(proc)``, and return (exit code, everything it printed)."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT,
+                            start_new_session=True, preexec_fn=hangup_default)
+    text = ""
+    try:
+        for line in proc.stdout:
+            text += line
+            m = re.search(r" (\d+)/100000 loss", line)
+            if m and int(m.group(1)) >= step:
+                break
+        stop(proc)
+        text += proc.stdout.read()
+        return proc.wait(timeout=120), text
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
 @pytest.mark.distributed
 def test_ctrl_c_says_where_to_resume_then_export_and_resume_go_on_from_there(hf_model, tmp_path):
     """Ctrl-C (SIGINT to the whole group, as a terminal sends it) once step 250 has printed, with a checkpoint
@@ -202,22 +223,7 @@ def test_ctrl_c_says_where_to_resume_then_export_and_resume_go_on_from_there(hf_
     argv = [sys.executable, "-m", "dstk.cli", "finetune", "--model", str(hf_model), "--data", str(CORPUS),
             "--gpus", "2", "--zero", "2", "--output", str(out), "--steps", "100000", "--save-every", "100",
             "--log-every", "50"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT,
-                            start_new_session=True, preexec_fn=hangup_default)
-    text = ""
-    try:
-        for line in proc.stdout:
-            text += line
-            m = re.search(r" (\d+)/100000 loss", line)
-            if m and int(m.group(1)) >= 250:
-                break
-        os.killpg(proc.pid, signal.SIGINT)
-        text += proc.stdout.read()
-        rc = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    rc, text = _stop_at(argv, step=250, stop=lambda proc: os.killpg(proc.pid, signal.SIGINT))  # as Ctrl-C
     assert rc == 130, text[-4000:]
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-4000:]
     # after the last progress line only dstk's own lines (the runner's chained traceback says "During handling")
@@ -242,23 +248,9 @@ def test_ctrl_c_says_where_to_resume_then_export_and_resume_go_on_from_there(hf_
     assert model.config.hidden_size == 64
 
     # resume, then stop again by SIGTERM to dstk alone (kill): no failure tail, the note moves on
-    proc = subprocess.Popen([sys.executable, "-m", "dstk.cli", "finetune", "--output", str(out), "--resume"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), cwd=ROOT,
-                            start_new_session=True, preexec_fn=hangup_default)
-    text = ""
-    try:
-        for line in proc.stdout:
-            text += line
-            m = re.search(r" (\d+)/100000 loss", line)
-            if m and int(m.group(1)) >= saved + 150:  # past the next save (saved + 100)
-                break
-        proc.send_signal(signal.SIGTERM)
-        text += proc.stdout.read()
-        rc = proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+    rc, text = _stop_at([sys.executable, "-m", "dstk.cli", "finetune", "--output", str(out), "--resume"],
+                        step=saved + 150,  # past the next save (saved + 100)
+                        stop=lambda proc: proc.send_signal(signal.SIGTERM))
     assert rc == 143, text[-4000:]
     assert (f"resumed from {out}/checkpoints/step-{saved:06d} (step {saved}); continuing at step {saved + 1}"
             in text), text[-4000:]
