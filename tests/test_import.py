@@ -63,8 +63,8 @@ CASES = {
         "llamafactory", {"cluster": {"gpu": "a100-80gb"}},
         {"model.name": "qwen2.5-7b", "training.precision": "fp16", "training.attention": "flash",
          "training.train_steps": 500, "training.warmup_steps": 50, "constraints.micro_batch": 1,
-         "cluster.gpu": "a100-80gb"},
-        {"finetuning_type", "lora_rank", "disable_gradient_checkpointing", "num_train_epochs"},
+         "cluster.gpu": "a100-80gb", "training.lora_rank": 8, "training.lora_targets": "all-linear"},
+        {"disable_gradient_checkpointing", "num_train_epochs"},
         {"micro_batch": 1, "grad_accum": 8},
     ),
     "axolotl_full.yml": (

@@ -14,6 +14,10 @@ Formats, detected by content (``kind`` overrides):
   included (``torchrun --nproc_per_node``, ``accelerate launch --num_processes``, ``deepspeed --num_gpus``).
 - ``megatron``: a Megatron-LM argument list (``--num-layers 24 --tensor-model-parallel-size 2 ...``).
 
+LoRA/QLoRA settings (LLaMA-Factory's ``finetuning_type``/``lora_*``/``quantization_bit``, axolotl's ``adapter``/
+``lora_*``/``load_in_4bit``) are carried; values a Trainer-based file leaves out take ``TrainingArguments``'
+defaults; keys accelerate would refuse or silently ignore are named with the fix.
+
 A followed DeepSpeed JSON adds its ZeRO stage, offload, batch triad, clipping, precision and optimizer;
 ``"auto"`` means "not fixed". Every key of the input becomes one report line: carried (with the intent
 field it set), dropped (with why) or, for what the intent needed and the file did not say, assumed.
@@ -154,11 +158,61 @@ def _load_mapping(text: str, *, source: str, strict_syntax: bool) -> tuple[Any, 
 
 
 def _tokens(text: str) -> list[str]:
-    """The words of a shell command line or an argument file: comments and line continuations removed."""
+    """The words of a shell command line or an argument file: comments and line continuations removed,
+    the script's own variables expanded (``_expand_shell``)."""
     try:
-        return shlex.split(text.replace("\\\n", " "), comments=True)
+        return shlex.split(_expand_shell(text.replace("\\\n", " ")), comments=True)
     except ValueError as exc:
         raise DstkError(f"cannot split the command line: {exc}", hint="check the quoting") from None
+
+
+_ASSIGN = re.compile(r"^\s*(?:export\s+|local\s+|declare\s+(?:-a\s+)?)?([A-Za-z_]\w*)=(.*)$")
+
+
+def _expand_shell(text: str) -> str:
+    """A launch script as the shell would run it, for the flags: ``NAME=value`` and ``NAME=( ... )`` lines
+    (Megatron-LM's ``examples/gpt3/train_gpt3_175b_distributed.sh`` keeps every flag in arrays such as
+    ``GPT_MODEL_ARGS=( --num-layers 96 ... )`` and launches ``torchrun ${DISTRIBUTED_ARGS[@]} pretrain_gpt.py
+    ${GPT_MODEL_ARGS[@]} ...``, with ``--nproc_per_node $GPUS_PER_NODE``) are taken out and their values put
+    where ``$NAME``, ``${NAME}`` and ``${NAME[@]}`` stand. A variable the script does not set (``$1``) stays."""
+    scalars: dict[str, str] = {}
+    arrays: dict[str, str] = {}
+    kept: list[str] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        bare = lines[i].split(" #")[0].split("\t#")[0].rstrip()
+        match = _ASSIGN.match(bare) if not bare.lstrip().startswith("#") else None
+        if match and match.group(2).startswith("("):
+            name, body = match.group(1), [match.group(2)[1:]]
+            while not body[-1].rstrip().endswith(")") and i + 1 < len(lines):
+                i += 1
+                body.append(lines[i].split(" #")[0].split("\t#")[0].rstrip())
+            body[-1] = body[-1].rstrip()[:-1] if body[-1].rstrip().endswith(")") else body[-1]
+            arrays[name] = " ".join(part.strip() for part in body)
+        elif match and re.fullmatch(r"'[^']*'|\"[^\"]*\"|\S*", match.group(2).strip()):
+            value = match.group(2).strip()
+            if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+                value = value[1:-1]
+            scalars[match.group(1)] = value
+        else:
+            kept.append(lines[i])
+        i += 1
+    if not scalars and not arrays:
+        return text
+
+    def substitute(body: str) -> str:
+        for _ in range(4):  # values that name other variables
+            new = re.sub(r"\"?\$\{(\w+)\[@\]\}\"?", lambda m: arrays.get(m.group(1), m.group(0)), body)
+            new = re.sub(r"\$\{(\w+)\}|\$([A-Za-z_]\w*)",
+                         lambda m: scalars.get(m.group(1) or m.group(2), m.group(0)), new)
+            if new == body:
+                break
+            body = new
+        return body
+
+    arrays = {name: substitute(value) for name, value in arrays.items()}
+    return substitute("\n".join(kept))
 
 
 def detect_kind(text: str, data: Any) -> str | None:
@@ -252,6 +306,8 @@ class _Reader:
         self.facts: dict[str, _Fact] = {}
         self.lines: list[ImportLine] = []
         self.followed: list[str] = []
+        self.path_notes: dict[str, str] = {}
+        """A followed file's path -> how it was found, when not where the tool itself would look."""
 
     def where(self, key: str) -> str:
         line = self.key_lines.get(key)
@@ -448,15 +504,31 @@ def _hf_common(r: _Reader, data: dict, *, handled: set[str]) -> None:
 
 
 def _resolve_path(r: _Reader, key: str, value: str, *, what: str) -> str:
-    """A path as the tool would open it (relative to the working directory), else next to the file."""
+    """A path as the tool would open it (relative to the working directory), else next to the file, else
+    relative to a directory above the file (nearest first): LLaMA-Factory's examples name
+    ``examples/deepspeed/ds_z3_config.json`` from ``examples/train_lora/``, for ``llamafactory-cli train`` run
+    from the repository's root. A path found only above the file is said in the report."""
     candidates = [value]
+    above: list[str] = []
     if not os.path.isabs(value) and r.source != STDIN_SOURCE:
-        candidates.append(os.path.join(os.path.dirname(os.path.abspath(r.source)), value))
+        here = os.path.dirname(os.path.abspath(r.source))
+        candidates.append(os.path.join(here, value))
+        parent = os.path.dirname(here)
+        while parent != here:
+            above.append(os.path.join(parent, value))
+            here, parent = parent, os.path.dirname(parent)
     for candidate in candidates:
         if os.path.isfile(candidate):
             return candidate
+    for candidate in above:
+        if os.path.isfile(candidate):
+            base = candidate[: -len(value)].rstrip(os.sep) or os.sep
+            r.path_notes[candidate] = (f"not in the working directory nor next to {os.path.basename(r.source)}: "
+                                       f"read from {base}, the nearest directory above the file that has it (the "
+                                       f"tool opens it relative to the directory it runs in: run it from {base})")
+            return candidate
     beside = ("; standard input has no directory of its own" if r.source == STDIN_SOURCE
-              else f" and next to {os.path.basename(r.source)}")
+              else f", next to {os.path.basename(r.source)} and in the directories above it")
     raise DstkError(f"{key}: {what} {value!r} does not exist (looked in the working directory{beside})",
                     location=r.where(key),
                     hint=f"fix the path in {key}, run dstk from the directory the tool runs in, or copy the file "
@@ -485,7 +557,8 @@ def _follow_deepspeed(r: _Reader, key: str, value: Any) -> None:
         doc_config, positions, source = doc.config, doc.positions, path
         r.followed.append(path)
     r.lines.append(ImportLine(action="carried", key=key, value=_plain(value) if isinstance(value, str) else "{...}",
-                              where=r.where(key), target=None, reason=f"followed: {source}"))
+                              where=r.where(key), target=None, reason=f"followed: {source}"
+                              + (f"; {r.path_notes[source]}" if source in r.path_notes else "")))
     _read_deepspeed(r, doc_config, positions=positions, source=source)
 
 
@@ -574,16 +647,16 @@ def _read_deepspeed(r: _Reader, config: dict, *, positions: dict, source: str) -
                        where=at(f"{pointer}/type"))
             for pk, pv in params.items():
                 pp_ = f"{sp}/{pk}"
-                if pk == "warmup_num_steps" and fixed(pp_, pv):
+                if not fixed(pp_, pv):  # "auto": one dropped line
+                    continue
+                if pk == "warmup_num_steps":
                     r.set("warmup_steps", max(1, int(pv)), key(pp_), where=at(pp_), note="deepspeed")
-                elif pk == "total_num_steps" and fixed(pp_, pv):
+                elif pk == "total_num_steps":
                     r.set("train_steps", int(pv), key(pp_), where=at(pp_), note="deepspeed")
-                elif pk == "cos_min_ratio" and fixed(pp_, pv):
+                elif pk == "cos_min_ratio":
                     r.set("min_lr_ratio", float(pv), key(pp_), where=at(pp_), note="deepspeed")
-                elif pv != "auto":
-                    r.drop(key(pp_), pv, NO_EFFECT, where=at(pp_))
                 else:
-                    fixed(pp_, pv)
+                    r.drop(key(pp_), pv, NO_EFFECT, where=at(pp_))
         elif name == "tensor_parallel" and isinstance(value, dict) and (value.get("autotp_size") or 0) > 1:
             r.set("tp", int(value["autotp_size"]), key(f"{pointer}/autotp_size"), where=at(f"{pointer}/autotp_size"),
                   note="DeepSpeed AutoTP")
@@ -614,7 +687,7 @@ def _read_ds_optimizer(r: _Reader, block: dict, *, pointer: str, at, fixed) -> N
                       "adagrad": "sgd", "onebitadam": "adamw", "zerooneadam": "adamw", "onebitlamb": "adamw",
                       "muadamw": "adamw", "muadam": "adamw", "musgd": "sgd", "muon": "sgd"}.get(n)
         if family:
-            r.set("optimizer", family, f"optimizer.type", where=at(tp), override=True,
+            r.set("optimizer", family, "optimizer.type", where=at(tp), override=True,
                   note=f"DeepSpeed's optimizer block replaces the Trainer's optim ({kind} -> {family})")
         else:
             r.drop("optimizer.type", kind, "no dstk optimizer family for it", where=at(tp))
@@ -671,12 +744,19 @@ def _read_accelerate(r: _Reader, data: dict) -> None:
             r.set("num_nodes", _number(r, key, value, kind=int, minimum=1), key)
         elif key == "mixed_precision":
             mp = str(value).lower()
+            block = data.get("deepspeed_config")
+            refused = ""
+            if dist == "DEEPSPEED" and isinstance(block, dict) and block.get("deepspeed_config_file") not in (
+                    None, "", "none"):
+                refused = (f"; but {_REFUSED_FIX} and pass --mixed_precision {mp} to accelerate launch, or set it "
+                           "in the DeepSpeed file")
             if mp in ("bf16", "fp16"):
-                r.set("precision", mp, key)
+                r.set("precision", mp, key, note=refused.removeprefix("; but "))
             elif mp == "no":
-                r.set("precision", "fp32", key, note="'no': fp32 training")
+                r.set("precision", "fp32", key, note="'no': fp32 training" + refused)
             elif mp == "fp8":
-                r.set("precision", "bf16", key, note="fp8 priced as bf16 (dstk has no fp8 path): an upper bound")
+                r.set("precision", "bf16", key, note="fp8 priced as bf16 (dstk has no fp8 path): an upper bound"
+                      + refused)
             else:
                 r.drop(key, value, "expected no, fp16, bf16 or fp8")
         elif key == "use_cpu":
@@ -712,13 +792,61 @@ def _read_accelerate(r: _Reader, data: dict) -> None:
                     r.drop(k, mv, "the planner decides it (sequence parallelism, micro-batches, gradient clipping)")
         elif key in _ACCELERATE_QUIET:
             r.drop(key, value, "a launch setting: no effect on the plan")
+        elif key not in _ACCELERATE_KEYS:
+            r.drop(key, value, "not a key of an accelerate config: `accelerate launch` refuses the file (ValueError: "
+                               "unknown keys)" + _did_you_mean(key, _ACCELERATE_KEYS) + "; fix or delete it")
         else:
             r.drop(key, value, NO_EFFECT)
 
 
+_ACCELERATE_KEYS = frozenset({
+    "command_file", "commands", "compute_environment", "debug", "deepspeed_config", "distributed_type",
+    "downcast_bf16", "dynamo_config", "enable_cpu_affinity", "fp8_config", "fsdp_config", "gpu_ids", "machine_rank",
+    "main_process_ip", "main_process_port", "main_training_function", "megatron_lm_config", "mixed_precision",
+    "mpirun_config", "num_machines", "num_processes", "parallelism_config", "rdzv_backend", "same_network", "tpu_env",
+    "tpu_name", "tpu_use_cluster", "tpu_use_sudo", "tpu_vm", "tpu_zone", "use_cpu", "fp16", "dynamo_backend"})
+"""The top-level keys accelerate 1.16 reads (``ClusterConfig``'s fields, ``commands/config/config_args.py``, plus
+the old ``fp16`` and ``dynamo_backend`` it converts); ``load_config_from_file`` refuses any other with a ValueError."""
+
+_ACCELERATE_DS_KEYS = frozenset({
+    "deepspeed_config_file", "zero_stage", "offload_optimizer_device", "offload_param_device",
+    "offload_optimizer_nvme_path", "offload_param_nvme_path", "gradient_accumulation_steps", "gradient_clipping",
+    "zero3_init_flag", "zero3_save_16bit_model", "deepspeed_hostfile", "deepspeed_exclusion_filter",
+    "deepspeed_inclusion_filter", "deepspeed_multinode_launcher", "deepspeed_moe_layer_cls_names"})
+"""The ``deepspeed_config`` keys of accelerate 1.16 (``accelerate launch``'s DeepSpeed arguments, which
+``_validate_launch_command`` fills from the block); any other key is ignored without a word."""
+
+_ACCELERATE_REFUSED_WITH_FILE = ("gradient_accumulation_steps", "gradient_clipping", "zero_stage",
+                                 "offload_optimizer_device", "offload_param_device", "offload_param_nvme_path",
+                                 "offload_optimizer_nvme_path", "zero3_save_16bit_model")
+"""Inline keys accelerate refuses next to ``deepspeed_config_file`` (``DeepSpeedPlugin._deepspeed_config_checks``,
+accelerate 1.16 ``utils/dataclasses.py``: a ValueError when the plugin is built); ``mixed_precision`` from the
+YAML too."""
+
+_REFUSED_FIX = ("accelerate refuses it next to deepspeed_config_file (ValueError in "
+                "DeepSpeedPlugin._deepspeed_config_checks when the run starts): delete it from the YAML")
+
+
+def _did_you_mean(key: str, known) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
 def _read_accelerate_deepspeed(r: _Reader, block: dict) -> None:
+    config_file = block.get("deepspeed_config_file")
+    has_file = bool(config_file) and config_file != "none"
     for dk, dv in block.items():
         k = f"deepspeed_config.{dk}"
+        if dk not in _ACCELERATE_DS_KEYS:
+            r.drop(k, dv, "not a deepspeed_config key of accelerate, which ignores it without a word"
+                          + _did_you_mean(dk, _ACCELERATE_DS_KEYS)
+                          + "; DeepSpeed's own keys go in the file deepspeed_config_file names")
+            continue
+        if has_file and dk in _ACCELERATE_REFUSED_WITH_FILE:
+            r.drop(k, dv, f"{_REFUSED_FIX}; the DeepSpeed file decides")
+            continue
         if dk == "zero_stage":
             if dv not in (0, 1, 2, 3) or isinstance(dv, bool):
                 raise DstkError(f"{k} is {dv!r}", location=r.where(k), hint="write 0, 1, 2 or 3")
@@ -793,9 +921,12 @@ def _read_llamafactory(r: _Reader, data: dict) -> None:
             if value == "full":
                 r.lines.append(ImportLine(action="carried", key=key, value=value, where=r.where(key),
                                           reason="full fine-tuning is what dstk plans"))
+            elif value == "lora":
+                r.lines.append(ImportLine(action="carried", key=key, value=value, where=r.where(key),
+                                          target="training.lora_rank", reason="LoRA adapters on a frozen base"))
             else:
-                r.drop(key, value, f"{value}: not carried by the import; give `--lora-rank R` (and `--lora-targets`) "
-                                   "to plan the adapters, else the plan prices full training (an upper bound)")
+                r.drop(key, value, f"{value}: dstk plans full training or LoRA; the plan prices full training "
+                                   "(an upper bound)")
         elif key == "stage":
             if value in ("pt", "sft"):
                 r.lines.append(ImportLine(action="carried", key=key, value=value, where=r.where(key),
@@ -819,9 +950,10 @@ def _read_llamafactory(r: _Reader, data: dict) -> None:
                 r.set("attention", "eager", key, raw=value)
             else:
                 r.drop(key, value, "expected auto, disabled, sdpa or fa2")
-        elif key in ("quantization_bit", "lora_rank", "lora_alpha", "lora_dropout", "lora_target",
-                     "freeze_trainable_layers", "use_dora", "pissa_init"):
-            r.drop(key, value, "adapter/quantization setting: dstk prices full 16-bit training (an upper bound)")
+        elif key in _LF_LORA_KEYS:
+            continue  # read below, once finetuning_type is known
+        elif key in ("freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules"):
+            r.drop(key, value, "freeze tuning: dstk prices full training (an upper bound)")
         elif key in _LF_DATA:
             r.drop(key, value, DATA_KEY)
         elif key in ("packing", "neat_packing"):
@@ -832,7 +964,78 @@ def _read_llamafactory(r: _Reader, data: dict) -> None:
     if "disable_gradient_checkpointing" not in data:
         r.set("recompute", "full", "disable_gradient_checkpointing (absent)", where=r.source, raw=False,
               note="LLaMA-Factory checkpoints every layer unless it is true (ModelArguments default: false)")
+    _read_llamafactory_lora(r, data)
+    handled |= _LF_LORA_KEYS
     _hf_common(r, data, handled=handled)
+
+
+_LF_LORA_KEYS = frozenset({"lora_rank", "lora_alpha", "lora_dropout", "lora_target", "quantization_bit",
+                           "quantization_method", "use_dora", "pissa_init", "additional_target", "use_rslora",
+                           "loraplus_lr_ratio"})
+
+
+def _read_llamafactory_lora(r: _Reader, data: dict) -> None:
+    """LLaMA-Factory's adapter keys (``LoraArguments`` / ``FinetuningArguments`` / ``QuantizationArguments``,
+    LLaMA-Factory ``src/llamafactory/hparams``): ``finetuning_type`` defaults to ``lora``, ``lora_rank`` to 8,
+    ``lora_alpha`` to 2 x rank (dstk's default too), ``lora_dropout`` to 0, ``lora_target`` to ``all`` (every
+    linear module: dstk's ``all-linear``); ``quantization_bit: 4`` with bitsandbytes (the default method) is QLoRA."""
+    kind = data.get("finetuning_type", "lora")
+    given = [k for k in data if k in _LF_LORA_KEYS]
+    if kind != "lora":
+        for key in given:
+            r.drop(key, data[key], f"finetuning_type is {kind}: LLaMA-Factory trains no LoRA adapters, so it "
+                                   "does not use this")
+        return
+    if "finetuning_type" not in data:
+        r.lines.append(ImportLine(action="carried", key="finetuning_type (absent)", value="lora", where=r.source,
+                                  target="training.lora_rank", reason="LLaMA-Factory's default (FinetuningArguments): "
+                                  "LoRA adapters on a frozen base; write finetuning_type: full for full training"))
+    if "lora_rank" in data:
+        r.set("lora_rank", _number(r, "lora_rank", data["lora_rank"], kind=int, minimum=1), "lora_rank")
+    else:
+        r.set("lora_rank", 8, "lora_rank (absent)", where=r.source, note="LLaMA-Factory's default rank (LoraArguments)")
+    if data.get("lora_alpha") is not None:
+        r.set("lora_alpha", _number(r, "lora_alpha", data["lora_alpha"], minimum=0), "lora_alpha")
+    elif "lora_alpha" in data:
+        r.drop("lora_alpha", None, "unset: 2 x rank, LLaMA-Factory's default and dstk's")
+    if data.get("lora_dropout"):
+        r.set("lora_dropout", _number(r, "lora_dropout", data["lora_dropout"], minimum=0), "lora_dropout")
+    elif "lora_dropout" in data:
+        r.drop("lora_dropout", data["lora_dropout"], "0: no dropout, dstk's default")
+    target = data.get("lora_target", "all")
+    if target is None or str(target).strip() in ("", "all"):
+        if "lora_target" in data:
+            r.set("lora_targets", "all-linear", "lora_target", raw=target,
+                  note="all: every linear module of the layers (dstk's all-linear)")
+    else:
+        names = ",".join(t.strip() for t in str(target).split(",") if t.strip())
+        r.set("lora_targets", names, "lora_target", raw=target)
+    bits = data.get("quantization_bit")
+    method = str(data.get("quantization_method") or "bnb").lower()
+    if bits in (None, "", "none"):
+        if "quantization_bit" in data:
+            r.drop("quantization_bit", bits, "unset: 16-bit base weights")
+    elif bits == 4 and method in ("bnb", "bitsandbytes"):
+        r.set("lora_bits", 4, "quantization_bit", note="4-bit bitsandbytes base weights: QLoRA (NF4)")
+    else:
+        r.drop("quantization_bit", bits, f"{bits}-bit {method} base weights: dstk prices LoRA on 16-bit base weights "
+                                         "(an upper bound); only 4-bit bitsandbytes (QLoRA) is priced")
+    if "quantization_method" in data:
+        r.drop("quantization_method", data["quantization_method"],
+               "read with quantization_bit" if bits == 4 and method in ("bnb", "bitsandbytes") else
+               "only 4-bit bitsandbytes is priced")
+    for key, reason in (("use_dora", "DoRA adds a magnitude vector and a weight norm per adapted module: priced as "
+                                     "plain LoRA (a lower bound)"),
+                        ("additional_target", "these modules train in full (weights, gradients, optimizer states): "
+                                              "not priced, the plan is a lower bound"),
+                        ("pissa_init", "an initialisation: no effect on memory or step time"),
+                        ("use_rslora", "a scaling rule: no effect on memory or step time"),
+                        ("loraplus_lr_ratio", "a learning-rate ratio: no effect on memory or step time")):
+        if key in data:
+            if data[key] in (None, False, ""):
+                r.drop(key, data[key], "off")
+            else:
+                r.drop(key, data[key], reason)
 
 
 _AXOLOTL_DATA = {"datasets", "dataset_prepared_path", "val_set_size", "output_dir", "special_tokens", "tokens",
@@ -871,14 +1074,8 @@ def _read_axolotl(r: _Reader, data: dict) -> None:
                 r.set("attention", "sdpa", key)
             else:
                 r.drop(key, value, "off")
-        elif key in ("adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_linear", "lora_target_modules",
-                     "lora_model_dir", "load_in_8bit", "load_in_4bit", "peft_use_dora"):
-            if key == "adapter" and not value:
-                r.drop(key, value, "unset: full fine-tuning")
-            else:
-                r.drop(key, value, "adapter/quantization setting, not carried by the import: give `--lora-rank R` "
-                                   "(`--lora-bits 4` for QLoRA) to plan the adapters, else the plan prices full "
-                                   "16-bit training (an upper bound)")
+        elif key in _AXOLOTL_LORA_KEYS:
+            continue  # read below, once adapter is known
         elif key == "sample_packing":
             r.drop(key, value, "packing fills each sequence to sequence_len: the plan already prices full sequences")
         elif key in _AXOLOTL_DATA:
@@ -888,6 +1085,7 @@ def _read_axolotl(r: _Reader, data: dict) -> None:
             r.key_lines.setdefault(renamed[key], r.key_lines.get(key, 0))
         else:
             common[key] = value
+    _read_axolotl_lora(r, data)
     # Report axolotl's own key names, not the TrainingArguments ones they map to.
     start = len(r.lines)
     back = {v: k for k, v in renamed.items()}
@@ -901,6 +1099,91 @@ def _read_axolotl(r: _Reader, data: dict) -> None:
     r.lines[start:] = [dataclasses.replace(line, key=back.get(line.key, line.key)) for line in r.lines[start:]]
     for fact in r.facts.values():
         fact.key = back.get(fact.key, fact.key)
+
+
+_AXOLOTL_LORA_KEYS = frozenset({"adapter", "lora_r", "lora_alpha", "lora_dropout", "lora_target_linear",
+                                 "lora_target_modules", "lora_model_dir", "load_in_8bit", "load_in_4bit",
+                                 "peft_use_dora", "lora_modules_to_save", "lora_fan_in_fan_out", "peft_use_rslora"})
+
+
+def _read_axolotl_lora(r: _Reader, data: dict) -> None:
+    """axolotl's adapter keys (its config schema, ``utils/schemas/peft.py``; ``loaders/adapter.py`` builds peft's
+    ``LoraConfig`` from them): ``adapter: lora`` or ``qlora`` (4-bit bitsandbytes base, ``load_in_4bit``),
+    ``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_target_linear: true`` (every linear module: dstk's
+    ``all-linear``) or ``lora_target_modules`` (names)."""
+    adapter = data.get("adapter")
+    given = [k for k in data if k in _AXOLOTL_LORA_KEYS and k != "adapter"]
+    if not adapter:
+        if "adapter" in data:
+            r.drop("adapter", adapter, "unset: full fine-tuning")
+        for key in given:
+            value = data[key]
+            if value in (None, False, "", []):
+                r.drop(key, value, "unset")
+            elif key in ("load_in_8bit", "load_in_4bit"):
+                r.drop(key, value, "a quantized base without an adapter: dstk prices full 16-bit training")
+            else:
+                r.drop(key, value, "no adapter: axolotl trains every parameter, so it does not use this")
+        return
+    if adapter not in ("lora", "qlora"):
+        r.drop("adapter", adapter, f"{adapter}: dstk plans full training or LoRA/QLoRA; the plan prices full "
+                                   "training (an upper bound)")
+        for key in given:
+            r.drop(key, data[key], f"adapter is {adapter}: not planned")
+        return
+    qlora = adapter == "qlora"
+    r.lines.append(ImportLine(action="carried", key="adapter", value=adapter, where=r.where("adapter"),
+                              target="training.lora_rank", reason="LoRA adapters on a frozen base"
+                              + (" quantized to 4 bits (QLoRA)" if qlora else "")))
+    if data.get("lora_r") is not None:
+        r.set("lora_rank", _number(r, "lora_r", data["lora_r"], kind=int, minimum=1), "lora_r")
+    else:
+        r.set("lora_rank", 8, "lora_r (absent)", where=r.source, note="peft's LoraConfig default r = 8")
+    if data.get("lora_alpha") is not None:
+        r.set("lora_alpha", _number(r, "lora_alpha", data["lora_alpha"], minimum=0), "lora_alpha")
+    if data.get("lora_dropout"):
+        r.set("lora_dropout", _number(r, "lora_dropout", data["lora_dropout"], minimum=0), "lora_dropout")
+    elif "lora_dropout" in data:
+        r.drop("lora_dropout", data["lora_dropout"], "0: no dropout, dstk's default")
+    modules = data.get("lora_target_modules")
+    if isinstance(modules, str):
+        modules = [m.strip() for m in modules.split(",") if m.strip()]
+    if data.get("lora_target_linear") is True:
+        r.set("lora_targets", "all-linear", "lora_target_linear", raw=True,
+              note="every linear module of the layers (dstk's all-linear)")
+        if modules:
+            r.drop("lora_target_modules", modules, "lora_target_linear: true already adapts every linear module")
+    elif modules:
+        r.set("lora_targets", ",".join(str(m) for m in modules), "lora_target_modules", raw=modules)
+    else:
+        for key in ("lora_target_linear", "lora_target_modules"):
+            if key in data:
+                r.drop(key, data[key], "unset")
+        r.lines.append(ImportLine(action="assumed", key="training.lora_targets", value="all-linear", where=r.source,
+                                  target="training.lora_targets", reason="neither lora_target_linear nor "
+                                  "lora_target_modules is set: dstk's default, every linear module (pass "
+                                  "--lora-targets q,v for others)"))
+    if qlora or data.get("load_in_4bit") is True:
+        key = "load_in_4bit" if data.get("load_in_4bit") is True else "adapter"
+        r.set("lora_bits", 4, key, raw=data.get(key), note="4-bit bitsandbytes base weights: QLoRA (NF4)")
+        if key != "load_in_4bit" and "load_in_4bit" in data:
+            r.drop("load_in_4bit", data["load_in_4bit"], "adapter: qlora loads the base in 4 bits")
+    elif "load_in_4bit" in data:
+        r.drop("load_in_4bit", data["load_in_4bit"], "off: 16-bit base weights")
+    if data.get("load_in_8bit") is True:
+        r.drop("load_in_8bit", True, "an 8-bit base: dstk prices LoRA on 16-bit base weights (an upper bound); "
+                                     "only 4-bit QLoRA is priced")
+    elif "load_in_8bit" in data:
+        r.drop("load_in_8bit", data["load_in_8bit"], "off")
+    for key, reason in (("lora_modules_to_save", "these modules train in full (weights, gradients, optimizer "
+                                                 "states): not priced, the plan is a lower bound"),
+                        ("peft_use_dora", "DoRA adds a magnitude vector and a weight norm per adapted module: priced "
+                                          "as plain LoRA (a lower bound)"),
+                        ("lora_model_dir", "adapters loaded from a directory: the same sizes are priced"),
+                        ("lora_fan_in_fan_out", "a weight layout flag: no effect on memory or step time"),
+                        ("peft_use_rslora", "a scaling rule: no effect on memory or step time")):
+        if key in data:
+            r.drop(key, data[key], "unset" if data[key] in (None, False, "", []) else reason)
 
 
 _LAUNCHER = {"--nproc_per_node": "gpus_per_node", "--nproc-per-node": "gpus_per_node", "--num_gpus": "gpus_per_node",
@@ -1172,17 +1455,19 @@ def _build(r: _Reader, *, kind: str, overrides: dict[str, dict]) -> ImportResult
 
     f = r.facts
     # model
-    if overrides["model"]:
+    if "name" in overrides["model"] or (overrides["model"] and "model" in f):
         if "model" in f:
             r.drop(f["model"].key, f["model"].value, "--model given on the command line wins", where=f["model"].where)
     elif "model" in f:
         name, how = _resolve_model(r, f["model"])
         put("model", "name", name, "model", reason=how)
-    elif "num_layers" in f or "hidden_size" in f:
+    elif "num_layers" in f or "hidden_size" in f or overrides["model"]:
+        # the file's dimensions, completed by the flags' (a Megatron script without --vocab-size: --vocab-size N)
         for field in ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size"):
             if field in f:
                 put("model", field, f[field].value, field)
-        missing = [d for d in ("num_layers", "hidden_size", "num_heads", "vocab_size") if d not in f]
+        missing = [d for d in ("num_layers", "hidden_size", "num_heads", "vocab_size")
+                   if d not in f and d not in overrides["model"]]
         if missing:
             raise DstkError(f"the model needs {', '.join(missing)}, which the file does not give", location=r.source,
                             hint="add " + " ".join(f"--{m.replace('_', '-').replace('num-heads', 'num-attention-heads')} N"
@@ -1198,6 +1483,11 @@ def _build(r: _Reader, *, kind: str, overrides: dict[str, dict]) -> ImportResult
     world = f["world"].value if "world" in f else None
     nodes = f["num_nodes"].value if "num_nodes" in f else None
     per_node = f["gpus_per_node"].value if "gpus_per_node" in f else None
+    if flag_nodes is not None or flag_per_node is not None:
+        for name in ("world", "num_nodes", "gpus_per_node"):
+            if name in f:
+                r.drop(f[name].key, f[name].value, "--gpus / --gpus-per-node / --nodes given on the command line win",
+                       where=f[name].where)
     if flag_nodes is None and flag_per_node is None:
         if world is not None:
             nodes = nodes or 1
@@ -1205,8 +1495,12 @@ def _build(r: _Reader, *, kind: str, overrides: dict[str, dict]) -> ImportResult
                 fact = f["world"]
                 raise DstkError(f"{fact.key} {world} is not a multiple of {f['num_nodes'].key} {nodes}",
                                 location=fact.where, hint="give the same number of processes on every machine")
+            one = "one machine (num_machines absent)"
+            if "num_nodes" not in f and world > 8:
+                one += (f": accelerate starts all {world} processes on the machine it runs on unless launched with "
+                        f"--num_machines; for nodes of 8 GPUs pass --gpus {world} --gpus-per-node 8")
             put("cluster", "num_nodes", nodes, "num_nodes" if "num_nodes" in f else None,
-                reason="" if "num_nodes" in f else "one machine (num_machines absent)")
+                reason="" if "num_nodes" in f else one)
             put("cluster", "gpus_per_node", world // nodes, "world", reason="")
             origins["cluster.gpus_per_node"] = f"{f['world'].key} / {nodes} node(s) ({f['world'].where})"
         elif per_node is not None:
@@ -1256,7 +1550,8 @@ def _build(r: _Reader, *, kind: str, overrides: dict[str, dict]) -> ImportResult
 
     # training
     for field in ("seq_len", "lr", "weight_decay", "eps", "grad_clip", "schedule", "optimizer", "attention",
-                  "train_steps", "min_lr_ratio"):
+                  "train_steps", "min_lr_ratio", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout",
+                  "lora_bits"):
         if field in f:
             put("training", field, f[field].value, field)
     if "precision" in f:
@@ -1277,6 +1572,8 @@ def _build(r: _Reader, *, kind: str, overrides: dict[str, dict]) -> ImportResult
         if "adam_beta1" in f and "adam_beta2" in f:
             b = f["adam_beta2"]
             carried.append(ImportLine(action="carried", key=b.key, value=b.value, where=b.where, target="training.betas"))
+    if kind in ("llamafactory", "axolotl", "hf-args", "hf-flags"):
+        _trainer_defaults(f, sections["training"], put, kind=kind)
     if "min_lr" in f and "lr" in f and "min_lr_ratio" not in f:
         put("training", "min_lr_ratio", f["min_lr"].value / f["lr"].value, "min_lr",
             reason=f"{f['min_lr'].value} / lr {f['lr'].value}")
@@ -1336,7 +1633,9 @@ def _build(r: _Reader, *, kind: str, overrides: dict[str, dict]) -> ImportResult
                 reason=f"{f['warmup_ratio'].value} x {steps} steps")
         else:
             fact = f["warmup_ratio"]
-            r.drop(fact.key, fact.value, "a warmup ratio needs the step count, which the file does not fix",
+            r.drop(fact.key, fact.value, "a warmup ratio needs the step count, which the file does not fix: the "
+                                         "intent's 100 warmup steps are used (pass --train-steps N to convert the "
+                                         "ratio, or --warmup-steps N)",
                    where=fact.where)
 
     # flags win
@@ -1358,10 +1657,58 @@ def _build(r: _Reader, *, kind: str, overrides: dict[str, dict]) -> ImportResult
     data = {s: v for s, v in sections.items() if v}
     data.setdefault("model", sections["model"])
     intent = intent_from_dict(data, source=f"the intent imported from {r.source}")
+    if "lora_targets" in f and "lora_targets" not in overrides["training"] and intent.training.lora_rank:
+        _check_lora_targets(intent, f["lora_targets"])
     lines = tuple(carried) + tuple(line for line in r.lines if line.action == "carried") \
         + tuple(line for line in r.lines if line.action == "dropped") + tuple(assumed)
     return ImportResult(kind=kind, source=r.source, data=data, intent=intent, lines=lines,
                         followed=tuple(r.followed), origins=origins)
+
+
+_TRAINER_DEFAULTS = (("lr", "learning_rate", 5e-5), ("weight_decay", "weight_decay", 0.0),
+                     ("betas", "adam_beta1/adam_beta2", [0.9, 0.999]), ("eps", "adam_epsilon", 1e-8),
+                     ("schedule", "lr_scheduler_type", "linear"))
+"""``TrainingArguments``' defaults where dstk's intent has others (transformers 5.25 ``training_args.py``:
+learning_rate 5e-5, lr_scheduler_type linear, weight_decay 0.0, adam_beta1/2 0.9/0.999, adam_epsilon 1e-8)."""
+
+
+def _trainer_defaults(f: dict, training: dict, put, *, kind: str) -> None:
+    """What a Trainer-based run uses for the optimizer values its file leaves out: the Trainer's defaults, not
+    dstk's (lr 3e-4, weight decay 0.1, betas 0.9/0.95, cosine to 10%), so that ``dstk generate`` writes back the
+    run the tool would have made. axolotl's own defaults for the learning rate and schedule are not read here:
+    dstk's stay, said in the report. transformers' cosine and linear schedules decay to 0
+    (``get_cosine_schedule_with_warmup``, ``get_linear_schedule_with_warmup``): min_lr_ratio 0 unless the
+    file gives ``min_lr_rate`` (cosine_with_min_lr) or axolotl's ``cosine_min_lr_ratio``."""
+    tool = {"llamafactory": "LLaMA-Factory", "axolotl": "axolotl"}.get(kind, "the Trainer")
+    for field, key, value in _TRAINER_DEFAULTS:
+        if field in training or (field == "betas" and ("adam_beta1" in f or "adam_beta2" in f)) or field in f:
+            continue
+        if kind == "axolotl" and field in ("lr", "schedule"):
+            continue
+        put("training", field, value, reason=f"{key} not set: {tool} runs TrainingArguments' default")
+    schedule = f.get("schedule")
+    if training.get("schedule") == "cosine" and schedule is not None and schedule.key in (
+            "lr_scheduler_type", "lr_scheduler") and "min_lr_ratio" not in f and "min_lr_ratio" not in training:
+        put("training", "min_lr_ratio", 0.0, reason=f"{schedule.key} cosine decays the learning rate to 0 in "
+                                                    "transformers (no min_lr_rate)")
+
+
+def _check_lora_targets(intent, fact: _Fact) -> None:
+    """The file's LoRA target names against the model's family, so a wrong one is reported at its line with the
+    family's names (``dstk plan`` would name ``--lora-targets`` instead of the file's key)."""
+    from dstk.models import get_model
+    from dstk.train.lora import resolve_targets
+
+    m = intent.model
+    try:
+        family = get_model(m.name).family if m.name else "generic"
+        resolve_targets(family=family, targets=intent.training.lora_targets)
+    except DstkError as exc:
+        if "--lora-targets" not in exc.message:
+            return  # the model itself is wrong: plan says so with its own fix
+        raise DstkError(exc.message.replace("--lora-targets", f"{fact.key}:"), location=fact.where,
+                        hint=(exc.hint or "") + " (LLaMA-Factory: all = every linear module; axolotl: "
+                                                "lora_target_linear: true)") from None
 
 
 def _flag_name(section: str, field: str) -> str:

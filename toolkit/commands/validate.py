@@ -67,7 +67,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dstk.findings import Finding, has_errors, render_github, render_text
-    from dstk.validate import read_document, validate_document
+    from dstk.validate import foreign_file, read_document, validate_document
     from dstk.validate.project import Settings, parse_codes, settings_for
     from dstk.validate.schema import using
     from dstk.validate.versions import nearest_finding, select
@@ -110,8 +110,9 @@ def run(args: argparse.Namespace) -> int:
                                project_source=project.source, config_path=where)
         except ValueError as exc:
             raise UsageError(str(exc), hint="e.g. --deepspeed-version 0.14 (shipped: 0.14 to 0.19)") from None
+        foreign = foreign_file(path) if path != STDIN_LOCATION else None  # an accelerate/axolotl YAML
         with using(selection.minor):
-            findings = validate_document(doc, **options)
+            findings = [foreign] if foreign is not None else validate_document(doc, **options)
         if training_args is not None and isinstance(doc.config, dict):
             from dstk.validate import locate
             from dstk.validate.training_args import training_args_findings

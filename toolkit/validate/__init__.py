@@ -100,8 +100,54 @@ def locate(findings: list[Finding], doc: Document) -> list[Finding]:
     return _locate(findings, doc)
 
 
+_DEEPSPEED_ONLY = ("zero_optimization", "train_micro_batch_size_per_gpu", "train_batch_size")
+
+
+def foreign_setup(config: dict, *, path: str | None = None) -> Finding | None:
+    """One finding, instead of a DS101 for every key, when the file is another tool's setup (an accelerate
+    config, a LLaMA-Factory or axolotl YAML, ``TrainingArguments``) rather than a DeepSpeed config: told by
+    ``dstk.importers.detect_kind``, and only when no key only DeepSpeed reads is there."""
+    if set(config) & set(_DEEPSPEED_ONLY) or isinstance(config.get("optimizer"), dict):
+        return None
+    from dstk.importers import detect_kind
+
+    kind = detect_kind("", config)
+    if kind == "hf-args" and not {"per_device_train_batch_size", "output_dir"} & set(config):
+        return None
+    if kind not in ("accelerate", "llamafactory", "axolotl", "hf-args"):
+        return None
+    names = {"accelerate": "an accelerate config", "llamafactory": "a LLaMA-Factory training YAML",
+             "axolotl": "an axolotl YAML", "hf-args": "TrainingArguments"}
+    block = config.get("deepspeed_config")
+    named = (block.get("deepspeed_config_file") if isinstance(block, dict) else None) or config.get("deepspeed")
+    follow = (f"validate the DeepSpeed config it names: dstk validate {named} --hf" if isinstance(named, str)
+              and named not in ("", "none") else "it names no DeepSpeed config file to validate")
+    this = path or "FILE"
+    return Finding(severity="error", code="DS101", pointer="", message=f"this is {names[kind]}, not a DeepSpeed "
+                   f"config: DeepSpeed does not read its {len(config)} top-level keys this way",
+                   hint=f"{follow}; to check the run it describes: dstk import {this} (or dstk plan --from {this})")
+
+
+def foreign_file(path: str | os.PathLike) -> Finding | None:
+    """``foreign_setup`` for a ``.yaml``/``.yml`` file read as YAML (hjson misreads YAML's nesting, lists and
+    comments, or fails on them with DS001); None for anything else or a YAML that does not parse."""
+    if not str(path).endswith((".yaml", ".yml")):
+        return None
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            config = yaml.safe_load(fh.read(MAX_BYTES + 1))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):
+        return None
+    return foreign_setup(config, path=str(path)) if isinstance(config, dict) else None
+
+
 def validate_document(doc: Document, **options) -> list[Finding]:
     findings = list(doc.findings)
+    foreign = foreign_setup(doc.config) if isinstance(doc.config, dict) else None
+    if foreign is not None:
+        return [foreign]
     if isinstance(doc.config, dict):
         non_finite = {f.pointer for f in doc.findings if f.code == "DS009"}  # one finding per cause: not also a range
         findings += [f for f in validate_config(doc.config, **options) if f.pointer not in non_finite]

@@ -61,6 +61,11 @@ HF_FILLS = {
 }
 """Where transformers' Trainer fills ``"auto"`` (``transformers/integrations/deepspeed.py``
 ``trainer_config_process`` / ``trainer_config_finalize``) and what from."""
+HF_UNDER_OTHER_NAME = {"/zero_optimization/prefetch_bucket_size": "stage3_prefetch_bucket_size",
+                       "/zero_optimization/param_persistence_threshold": "stage3_param_persistence_threshold"}
+"""DeepSpeed's field names whose ``stage3_`` alias is the one HF fills (``DeepSpeedZeroConfig`` reads both;
+``HfTrainerDeepSpeedConfig.trainer_config_finalize`` fills ``"auto"`` only under the alias). axolotl's
+``deepspeed_configs/zero3_bf16.json`` writes them unprefixed, so its "auto" is never filled."""
 HF_STAGE3_ONLY = {"/zero_optimization/stage3_prefetch_bucket_size",
                   "/zero_optimization/stage3_param_persistence_threshold"}
 ACCELERATE_FILLS = {
@@ -164,6 +169,12 @@ def split_auto(config: dict, ctx: Context) -> tuple[dict, list[Finding]]:
 
 def _auto_finding(pointer: str, config: dict, ctx: Context) -> list[Finding]:
     section = pointer.split("/")[1]
+    alias = HF_UNDER_OTHER_NAME.get(pointer)
+    if alias:
+        return [_err("DS108" if ctx.hf else "DS107", pointer,
+                     f'{pointer} is "auto", which HF fills only under its other name {alias}: DeepSpeed drops it and '
+                     "silently uses its default", f'rename the key to {alias} (keep "auto") for the Trainer to fill '
+                     "it, or write the value", severity="warning" if ctx.hf else "error")]
     if not ctx.hf:
         source = HF_FILLS.get(pointer)
         hint = (f"HF transformers' Trainer fills it from {source}: validate with --hf if the Trainer reads this "
