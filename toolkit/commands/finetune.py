@@ -213,12 +213,20 @@ def run(args: argparse.Namespace) -> int:
     if args.prepare_only:
         print(spec_path)
         return 0
+    import signal
+
+    # Slurm's `--signal=USR1@N` reaches every process of a step (`srun dstk finetune ...`), and SIGUSR1's default
+    # action kills: ignored here and, inherited, by the runner, launch.py and the rank wrappers; the ranks set a
+    # handler of their own and save a checkpoint (dstk.train.worker.StopRequest).
+    usr1 = signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     try:
         rc = launch_logged(spec_path, output_dir=args.output, verbose=args.verbose,
                            ranks_to_stderr=args.format == "json", master_port=args.master_port, append=args.resume)
     except KeyboardInterrupt:  # Ctrl-C: the ranks stopped; say what was kept (the CLI then exits 130)
         _say_what_was_kept(spec_path, output_dir=args.output)
         raise
+    finally:
+        signal.signal(signal.SIGUSR1, usr1)
     if rc != 0:  # stopped by a signal, or a rank failed
         _say_what_was_kept(spec_path, output_dir=args.output)
     summary = Path(args.output) / "summary.json"

@@ -23,7 +23,6 @@ the directory it was *submitted* from.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shlex
 import signal
@@ -76,11 +75,24 @@ def _launcher_command(spec: LaunchSpec) -> list[str]:
             *_script_part(spec, torchrun=False)]
 
 
+SIGNAL_SECONDS = 120
+"""``#SBATCH --signal=USR1@120``: SIGUSR1 to every process of the job's steps 120 s before its time limit (sbatch(1)
+``--signal``; without ``B:`` the batch shell is not signalled). ``dstk finetune``'s ranks save a checkpoint at the
+end of their step on it (``dstk.train.worker.StopRequest``); ``node_main`` keeps it from the runner, launch.py and
+the rank wrappers, whose default action on SIGUSR1 is to die. Two minutes: a step and a save of a large model
+(the ranks print how long theirs took)."""
+
+
 def render_sbatch(spec: LaunchSpec, *, sbatch_path: str, job_name: str = "dstk", partition: str | None = None,
-                  time: str | None = None, account: str | None = None, workdir: str | None = None) -> str:
+                  time: str | None = None, account: str | None = None, workdir: str | None = None,
+                  signal_seconds: int = SIGNAL_SECONDS) -> str:
     """The sbatch script text (pure). ``workdir``: the directory the job ``cd``s to before starting
     (the one relative script paths are relative to; ``dstk launch --slurm`` passes its own); ``None``
-    leaves the job where sbatch started it."""
+    leaves the job where sbatch started it. ``signal_seconds``: how long before the time limit the job's
+    steps get SIGUSR1 (``SIGNAL_SECONDS``)."""
+    if not isinstance(signal_seconds, int) or signal_seconds < 1:
+        raise DstkError(f"signal_seconds {signal_seconds!r}: the seconds before the time limit must be a whole "
+                        "number of at least 1", hint=f"use {SIGNAL_SECONDS}: a step plus a checkpoint save")
     if spec.launcher not in ("local", "torchrun"):
         raise DstkError(f"--slurm starts the runner on every node itself; --launcher {spec.launcher} does not apply",
                         hint="drop --launcher, or use --launcher torchrun")
@@ -107,6 +119,7 @@ def render_sbatch(spec: LaunchSpec, *, sbatch_path: str, job_name: str = "dstk",
         "SBATCH_PATH": shlex.quote(sbatch_path),
         "JOB_NAME": _sbatch_value("job-name", job_name),
         "NUM_NODES": str(spec.num_nodes),
+        "SIGNAL_SECONDS": str(signal_seconds),
         "SBATCH_EXTRA": "\n".join(extra) if extra else "# (no GPUs: CPU ranks on gloo)",
         "MASTER_PORT": str(spec.master_port),
         "HOSTFILE_PREFIX": shlex.quote(spec.run_dir.rstrip("/") + "/hostfile.slurm-"),
@@ -194,6 +207,10 @@ def node_main(argv: list[str] | None = None) -> int:
     # srun stops a task with SIGTERM (scancel, --kill-on-bad-exit, the time limit): run_plan then hands
     # SIGINT to the runner, which stops its ranks, and kills it after 30 s.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # The sbatch script's `--signal=USR1@N` reaches every process of the step: ignored here and, inherited
+    # through exec, by the runner, launch.py and the rank wrappers (their default action is to die); the
+    # ranks of `dstk finetune` set their own handler and save a checkpoint (dstk.train.worker.StopRequest).
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     sink = _default_sink
     try:
         result = run_plan(LaunchPlan(command=command, env={}, files={}, active={}), world_size=0,

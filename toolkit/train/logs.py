@@ -36,6 +36,10 @@ _RANK_PREFIX = re.compile(r"(?:[A-Za-z0-9._-]+: )?\[rank [0-9?]+\] ")
 _TORCH_RANK = re.compile(r"\[rank\d+\]: ")
 """``[rankN]: ``, which torch.distributed's elastic error handler puts before each line of a rank's traceback."""
 
+SIGNAL_SAVED = re.compile(r"dstk: SIG[A-Z0-9]+ reached the ranks: saved the checkpoint of step \d+")
+"""Rank 0's line once the ranks saved a checkpoint on a stop signal (``dstk.train.worker.stop_line``), behind the
+rank wrapper's ``[rank 0]`` prefix (and pdsh's ``HOST:``): the run stopped as asked, no rank failed."""
+
 _BLOCK_START = ("Traceback (most recent call last):", "Error in sys.excepthook:",
                 "During handling of the above exception", "The above exception was the direct cause",
                 "object address  :")
@@ -92,7 +96,7 @@ class RunSink:
     where ``TERM=dumb``. A line printed while the progress line is drawn goes above it."""
 
     __slots__ = ("log", "verbose", "live", "out", "err", "columns", "_drawn", "_record", "_warning", "_interrupted",
-                 "_held", "stopped")
+                 "_held", "stopped", "saved_on_signal")
 
     def __init__(self, *, log: TextIO | None, verbose: bool, live: bool, out: TextIO, err: TextIO,
                  columns: Callable[[], int] | None = None):
@@ -105,6 +109,8 @@ class RunSink:
         self._held: dict[tuple[str, str], list[str]] = {}  # (stream, prefix) -> a traceback not yet ended
         self.stopped = False
         """dstk stopped the run on a signal it was sent (``dstk: stopped by SIGTERM: ...``): no rank failed."""
+        self.saved_on_signal = False
+        """The ranks saved a checkpoint on a stop signal and exited (``SIGNAL_SAVED``): no rank failed."""
 
     def __call__(self, stream: str, line: str) -> None:
         prefix, text = split_prefix(line)
@@ -116,6 +122,8 @@ class RunSink:
         self._log(line)
         if not prefix and text.startswith("dstk: stopped by SIG"):
             self.stopped = True
+        if prefix.endswith("[rank 0] ") and SIGNAL_SAVED.match(text):
+            self.saved_on_signal = True
         key = (stream, prefix)
         if key in self._warning and text[:1] in (" ", "\t"):
             hidden = True  # the source line Python prints under a warning
@@ -264,7 +272,7 @@ def launch_logged(spec_path: str | os.PathLike, *, output_dir: str | os.PathLike
     finally:
         sink.close()
         log.close()
-    if rc != 0 and not sink.stopped:  # a failure's cause may be in a hidden line; a stop asked for has none
+    if rc != 0 and not (sink.stopped or sink.saved_on_signal):  # a failure's cause may be in a hidden line; a stop asked for has none
         show_tail(path)
     else:
         out.write(f"logs: {path.parent}{os.sep}  ({LOG_NAME}: the launch, DeepSpeed's and torch's own lines"
@@ -334,3 +342,63 @@ def wandb_env(*, logs_dir: str, environ=os.environ) -> dict[str, str]:
     if "WANDB_DIR" not in environ:
         env["WANDB_DIR"] = logs_dir
     return env
+
+
+# --resume: the csv metrics go on from the checkpoint's step
+
+def trim_csv_metrics(csv_dir: str | os.PathLike, *, last_step: int, last_samples: int) -> list[Path]:
+    """Before a resumed run writes its first metric: cut every DeepSpeed csv monitor file in ``csv_dir``
+    (``csv_monitor.py``: one ``<event>.csv`` per event, rows ``step,value`` under one ``step,<name>`` header) to
+    its rows up to the checkpoint the run goes on from: ``last_step`` for dstk's events (``Train/loss``, ...),
+    ``last_samples`` for DeepSpeed's own ``Train/Samples/*`` events, whose first column is the engine's
+    ``global_samples`` (engine.py ``summary_events``, 0.19.8), not a step. The steps after the checkpoint
+    (trained before the stop, lost with it) are trained again and written again, so a file holds each step
+    once, in order. A
+    header repeated inside a file (a resume by an older dstk: DeepSpeed writes the header again in every
+    process) is dropped. Each file is replaced whole (``write_atomic``); returns the files that changed.
+
+    DeepSpeed's monitor would write the header again in the resumed process: ``continue_csv_monitor``."""
+    import csv
+    import io
+
+    from dstk.launch.run import write_atomic
+
+    changed = []
+    for path in sorted(Path(csv_dir).glob("*.csv")) if Path(csv_dir).is_dir() else []:
+        last = last_samples if "_Samples_" in path.stem else last_step
+        text = path.read_text(encoding="utf-8")
+        rows = list(csv.reader(io.StringIO(text)))
+        header = rows[0] if rows else None
+        kept = [header] if header else []
+        for row in rows[1:]:
+            if row == header or not row:
+                continue
+            try:
+                step = int(row[0])
+            except ValueError:
+                continue
+            if step <= last:
+                kept.append(row)
+        if kept != rows:
+            out = io.StringIO()
+            csv.writer(out).writerows(kept)  # as DeepSpeed's monitor writes them
+            write_atomic(path, out.getvalue())
+            changed.append(path)
+    return changed
+
+
+def continue_csv_monitor(monitor, *, last_step: int, last_samples: int) -> list[Path]:
+    """On a resume, rank 0, before the first step: ``trim_csv_metrics`` of DeepSpeed's csv monitor directory
+    (``engine.monitor.csv_monitor.log_dir``), then tell the monitor those files have their header. It writes
+    ``step,<name>`` on its first write of each event in a process (deepspeed/monitor/csv_monitor.py, 0.19.8:
+    ``if filename not in self.filenames``), which after a resume would be a second header. Returns the files
+    trimmed; nothing without a csv monitor."""
+    csv_monitor = getattr(monitor, "csv_monitor", None)
+    log_dir = getattr(csv_monitor, "log_dir", None)
+    if csv_monitor is None or not getattr(csv_monitor, "enabled", False) or log_dir is None:
+        return []
+    changed = trim_csv_metrics(log_dir, last_step=last_step, last_samples=last_samples)
+    for path in sorted(Path(log_dir).glob("*.csv")):
+        if path.stat().st_size and path.stem not in csv_monitor.filenames:
+            csv_monitor.filenames.append(path.stem)
+    return changed

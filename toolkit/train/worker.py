@@ -12,6 +12,7 @@ import json
 import math
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -131,6 +132,78 @@ def evaluate(engine, blocks, *, micro_batch: int) -> float:
             count += len(batch)
     engine.train()
     return total / max(count, 1)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+"""The signals that make the ranks save a checkpoint at the end of the current optimizer step and exit
+(``StopRequest``): SIGTERM is what Slurm sends at preemption and at ``--time`` (and with ``--signal=TERM@N``
+N seconds before), what DeepSpeed's launch.py passes to each rank, and what ``dstk finetune`` forwards;
+SIGUSR1 is what Slurm users often pick for ``--signal=USR1@N`` (``dstk.launch.slurm`` keeps it from every
+process of a node but the ranks)."""
+
+LAUNCH_GRACE_SECONDS = 30.0
+"""SIGTERM to SIGKILL: DeepSpeed 0.19.8's launch.py ``terminate_process_tree`` (``psutil.wait_procs(children,
+timeout=30)``, then ``kill``), and Slurm's default ``KillWait`` (30 s, slurm.conf(5)) after its SIGTERM."""
+
+
+class StopRequest:
+    """The signal handler of ``STOP_SIGNALS``: notes the first signal and when it came, nothing else (a
+    second SIGTERM -- dstk, the rank wrapper and launch.py each pass one on -- changes nothing, and never
+    cuts a save short). ``signum`` is 0 until a signal came. The ranks act on it together (``agree_stop``)."""
+
+    __slots__ = ("signum", "monotonic_seconds")
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self.monotonic_seconds: float | None = None
+
+    def __call__(self, signum: int, _frame) -> None:
+        if not self.signum:
+            self.signum, self.monotonic_seconds = signum, time.monotonic()
+
+    def install(self) -> None:
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, self)
+
+
+def agree_stop(signum: int) -> int:
+    """The largest signal number any rank was sent (0: none), on every rank: one all-reduce (MAX) of one
+    number per optimizer step. The ranks get a signal at different moments (launch.py SIGTERMs its ranks one
+    after the other, waiting up to 30 s for each; ``kill`` may reach one rank only), so each checks after the
+    same step and all save the same one; a rank saving alone would leave the others in the next step's
+    collectives."""
+    import torch
+    import deepspeed.comm as dist
+
+    t = torch.tensor([signum], dtype=torch.int64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def stop_line(*, signum: int, step: int, num_steps: int, checkpoint: str, save_seconds: float,
+              since_signal_seconds: float | None, grace_seconds: float = LAUNCH_GRACE_SECONDS) -> str:
+    """Rank 0's line after the checkpoint saved on a stop signal (pure): the step, where, how long the save
+    took and (when the signal reached rank 0) how long since the signal, against ``grace_seconds``; past it,
+    how to give the save more time. ``dstk.train.logs.RunSink`` recognises it (``SIGNAL_SAVED``)."""
+    name = signal.Signals(signum).name
+    taken = since_signal_seconds if since_signal_seconds is not None else save_seconds
+    timing = f"the save took {_seconds(save_seconds)} s" + (
+        f", {_seconds(since_signal_seconds)} s after the signal reached rank 0" if since_signal_seconds is not None
+        else "")
+    if taken <= grace_seconds:
+        fits = (f"within the {grace_seconds:g} s that DeepSpeed's launch.py and Slurm's default KillWait leave "
+                f"between SIGTERM and SIGKILL")
+    else:
+        fits = (f"LONGER than the {grace_seconds:g} s that DeepSpeed's launch.py and Slurm's default KillWait leave "
+                f"between SIGTERM and SIGKILL: a SIGTERM this late would lose the save; under Slurm ask for "
+                f"`#SBATCH --signal=USR1@{max(60, 2 * math.ceil(taken))}` (the ranks save on SIGUSR1 while "
+                f"nothing kills them; `dstk launch --slurm` writes it) or save more often (--save-every)")
+    return (f"dstk: {name} reached the ranks: saved the checkpoint of step {step} of {num_steps} ({checkpoint}); "
+            f"{timing}: {fits}")
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.1f}" if value >= 1 else f"{value:.2f}"
 
 
 def save(engine, spec: TrainSpec, *, step: int, rank: int, samples: int) -> None:
@@ -277,6 +350,9 @@ def main(argv: list[str]) -> int:
 
     hf_logging.disable_progress_bar()  # save_pretrained's shard bar: noise in rank-prefixed logs
     spec = TrainSpec.load(argv[0])
+    # Before anything slow: a stop signal from here on saves at the end of a step instead of killing the rank.
+    stop = StopRequest()
+    stop.install()
     deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     if world != spec.world_size:
@@ -346,6 +422,11 @@ def main(argv: list[str]) -> int:
     if rank == 0:
         for p in ckpt.remove_partial(root):
             _say(f"removed incomplete checkpoint {p}")
+        if spec.resume:
+            from dstk.train.logs import continue_csv_monitor
+
+            # The steps after the checkpoint are trained again: their csv rows go, and no second header comes.
+            continue_csv_monitor(engine.monitor, last_step=start, last_samples=engine.global_samples)
     dist.barrier()
 
     tokens_per_step = global_batch * seq_len
@@ -386,8 +467,25 @@ def main(argv: list[str]) -> int:
             _say(progress_record(step=done, num_steps=spec.num_steps, loss=loss, tokens_per_second=tps, lr=lr,
                                  elapsed_seconds=elapsed, start_step=start,
                                  log=done % spec.log_every == 0 or done == spec.num_steps or done == start + 1))
+        saved_seconds = None
         if spec.save_every and done % spec.save_every == 0 and done != spec.num_steps:
+            began = time.perf_counter()
             save(engine, spec, step=done, rank=rank, samples=samples + (done - start) * global_batch)
+            saved_seconds = time.perf_counter() - began
+        signum = agree_stop(stop.signum)
+        if signum:
+            # Preempted (or stopped): every rank saves this step, unless --save-every just did, and exits.
+            if saved_seconds is None:
+                began = time.perf_counter()
+                save(engine, spec, step=done, rank=rank, samples=samples + (done - start) * global_batch)
+                saved_seconds = time.perf_counter() - began
+            if rank == 0:
+                since = None if stop.monotonic_seconds is None else time.monotonic() - stop.monotonic_seconds
+                _say(stop_line(signum=signum, step=done, num_steps=spec.num_steps,
+                               checkpoint=str(root / ckpt.tag_for(done)), save_seconds=saved_seconds,
+                               since_signal_seconds=since))
+            engine.destroy()
+            return 128 + signum  # not 0: the run did not finish (dstk.train.logs.RunSink.saved_on_signal)
     elapsed = time.perf_counter() - t0
     ev = None
     if evals is not None:
