@@ -61,7 +61,8 @@ def test_cpu_profile_takes_its_peak_from_the_sweep_and_says_so():
     assert gpu.layer_overhead_seconds == pytest.approx(3.5e-3)
     assert {k for k, f in figs.items() if f.source == "measured"} == {
         "bf16_tflops", "gemm_efficiency", "hbm_gbps", "intra_node_efficiency", "layer_overhead_seconds",
-        "step_overhead_seconds", "collective_latency_seconds"}
+        "step_overhead_seconds", "collective_latency_seconds", "host_dram_gbps"}  # the CPU's DRAM, 2 ranks' copy
+    assert gpu.host_dram_bytes_per_s == pytest.approx(2 * 10.4e9)
     # 256 KiB took 2^18 / 0.12e9 = 2.185 ms; its bytes at the 32 MiB size's 1.1 GB/s take 0.238 ms.
     assert gpu.collective_latency_seconds == pytest.approx(2.18453e-3 - 0.238313e-3, rel=2e-3)
     assert {"memory_gib", "achievable_fraction", "host_gbps", "fp32_tflops"} <= {

@@ -167,16 +167,17 @@ def test_cli_dimensions_and_human(capsys):
     assert "per stage" in out and "MFU" in out and "time for 1,000,000,000 tokens" in out
 
 
-@pytest.mark.parametrize("argv", [
-    ["estimate", "--gpus", "8"],
-    ["estimate", "--model", "gpt2", "--params", "1e9", "--gpus", "8"],
-    ["estimate", "--model", "gpt2", "--gpus", "8", "--tp", "3"],
-    ["estimate", "--model", "gpt2", "--gpus", "8", "--global-batch", "12"],
-    ["estimate", "--num-layers", "2", "--gpus", "8"],
-    ["estimate", "--model", "gpt2", "--gpus", "8", "--zero", "2", "--pp", "2"],
+@pytest.mark.parametrize("argv, code", [
+    (["estimate", "--gpus", "8"], 2),  # flags missing or clashing: usage (2)
+    (["estimate", "--model", "gpt2", "--params", "1e9", "--gpus", "8"], 2),
+    (["estimate", "--num-layers", "2", "--gpus", "8"], 2),
+    # values read and wrong for the job: 1, as `dstk plan` says of the same values
+    (["estimate", "--model", "gpt2", "--gpus", "8", "--tp", "3"], 1),
+    (["estimate", "--model", "gpt2", "--gpus", "8", "--global-batch", "12"], 1),
+    (["estimate", "--model", "gpt2", "--gpus", "8", "--zero", "2", "--pp", "2"], 1),
 ])
-def test_cli_usage_errors(argv, capsys):
-    assert main(argv) == 2
+def test_cli_usage_errors(argv, code, capsys):
+    assert main(argv) == code
     assert "error:" in capsys.readouterr().err
 
 

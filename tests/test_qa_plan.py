@@ -90,7 +90,7 @@ def test_nothing_fits_says_what_fills_the_gpu_and_the_host_ram_a_fix_needs():
 def test_gpus_and_nodes_that_disagree_are_refused(capsys):
     code, _, err = _run(capsys, ["plan", "--model", "llama-3-8b", "--gpus", "16", "--gpus-per-node", "8",
                                  "--nodes", "4", "--format", "json"])
-    assert code == 2 and "--gpus 16 disagrees with --nodes 4" in err and "fix:" in err
+    assert code == 1 and "--gpus 16 disagrees with --nodes 4" in err and "fix:" in err  # values: exit 1
     code, _, err = _run(capsys, ["plan", "--model", "llama-3-8b", "--gpus", "16", "--nodes", "0"])
     assert code != 0 and "--nodes 0: expected a positive integer" in err
 

@@ -500,6 +500,15 @@ def build_profile(*, base: GPU, measured: Measurements, name: str | None = None)
             if per_tensor == 0.0:
                 warnings.append(f"{field}: ZeRO-{stage} added no more than the time model prices for its collectives "
                                 "(0 written)")
+    if measured.memory_bytes_per_s and measured.device == "cpu":
+        # A CPU rank's tensors and an offloaded optimizer's states are in the same DRAM, which the ranks
+        # copied at once: the node's bandwidth that their CPU optimizer steps share
+        # (``hardware.host_optimizer_seconds``) is what they reached together, not a DGX A100's.
+        node = measured.memory_bytes_per_s * measured.num_ranks
+        gpu = gpu.replace(host_dram_bytes_per_s=node)
+        figures.append(Figure(key="host_dram_gbps", value=_sig(node / GB), source="measured",
+                              note=f"node DRAM bandwidth that offloaded optimizer steps share: the copy above, run "
+                                   f"on all {measured.num_ranks} rank(s) at once, x {measured.num_ranks}"))
     written = {f.key for f in figures}
     for key_, value, note in (("memory_gib", gpu.memory_bytes / 2**30, "device memory"),
                               ("achievable_fraction", gpu.achievable_fraction, "share of peak where no curve applies"),
@@ -512,6 +521,15 @@ def build_profile(*, base: GPU, measured: Measurements, name: str | None = None)
                                "ZeRO-3 host work per tensor, not measured (a GPU, or no transformers)")):
         if key_ not in written:
             figures.append(Figure(key=key_, value=_sig(value), source="catalog", note=note))
+    if "host_dram_gbps" not in written:
+        from dstk.hardware import HOST_DRAM_FALLBACK_BYTES_PER_S
+
+        own = gpu.host_dram_bytes_per_s
+        figures.append(Figure(key="host_dram_gbps", value=_sig((own or HOST_DRAM_FALLBACK_BYTES_PER_S) / GB),
+                              source="catalog",
+                              note="node DRAM bandwidth for offloaded optimizer steps, not measured (the copy timed "
+                                   "device memory)" + ("" if own else ": no reference node for this GPU, an assumed "
+                                                       "DGX A100's; set host_dram_gbps in the profile")))
     if "layer_overhead_seconds" not in written and "layer_overhead_seconds" in GPU.__dataclass_fields__:
         figures.append(Figure(key="layer_overhead_seconds", value=gpu.layer_overhead_seconds, source="catalog",
                               note="per-layer floor, not measured (transformers is not installed)"))

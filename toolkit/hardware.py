@@ -171,7 +171,10 @@ class GPU:
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name}: expected a positive number, got {getattr(self, name)!r}")
         if self.gemm_efficiency is not None:
-            points = tuple((float(d), float(f)) for d, f in self.gemm_efficiency)
+            try:  # a bare number (gemm_efficiency: 0.5) or a ragged list: said below, not a TypeError
+                points = tuple((float(d), float(f)) for d, f in self.gemm_efficiency)
+            except (TypeError, ValueError):
+                points = ()
             if not points or any(d <= 0 or not 0 < f <= 1 for d, f in points) \
                     or any(a[0] >= b[0] for a, b in zip(points, points[1:])):
                 raise ValueError("gemm_efficiency: expected [dim, fraction] points with dim > 0 increasing "
@@ -475,10 +478,15 @@ NODE_HOST_DRAM: dict[str, float] = {
     * STREAM_TRIAD_FRACTION["epyc-7742"],
     "a100-80gb": dram_peak_bytes_per_s(sockets=2, channels_per_socket=8, mega_transfers_per_s=3200)
     * STREAM_TRIAD_FRACTION["epyc-7742"],
-    # DGX H100 and DGX H200: 2 x Intel Xeon Platinum 8480C, 8 x DDR5-4800 a socket.
-    "h100-sxm": dram_peak_bytes_per_s(sockets=2, channels_per_socket=8, mega_transfers_per_s=4800)
+    # DGX H100 and DGX H200: 2 x Intel Xeon Platinum 8480C, 2 TB as 32 x 64 GB DDR5-4800 RDIMMs (Micron
+    # MTC40F2046S1RC48BA1: NVIDIA's own MLPerf Inference v4.1 system descriptions, mlcommons/
+    # inference_results_v4.1 closed/NVIDIA/systems/DGX-H100_H100-SXM-80GBx8_TRT.json and
+    # H200-SXM-141GBx8_TRT_MaxQ.json): 2 DIMMs on each of 8 channels a socket, which 4th-gen Xeon runs at
+    # DDR5-4400 (4800 with one a channel: Dell InfoHub, "Memory Bandwidth for Next-Gen PowerEdge
+    # Servers ... Sapphire Rapids", 2023: "4800MTS (1DPC)/4400MTS(2DPC)").
+    "h100-sxm": dram_peak_bytes_per_s(sockets=2, channels_per_socket=8, mega_transfers_per_s=4400)
     * STREAM_TRIAD_FRACTION["xeon-8480"],
-    "h200": dram_peak_bytes_per_s(sockets=2, channels_per_socket=8, mega_transfers_per_s=4800)
+    "h200": dram_peak_bytes_per_s(sockets=2, channels_per_socket=8, mega_transfers_per_s=4400)
     * STREAM_TRIAD_FRACTION["xeon-8480"],
     # DGX-1 (V100): 2 x Intel Xeon E5-2698 v4 (4 channels a socket), 512 GB of DDR4-2133 (NVIDIA's
     # DGX-1 datasheet). The 16-GPU DGX-2 (2 x Xeon Platinum 8168, 6 x DDR4-2666 a socket) is not the
@@ -787,47 +795,105 @@ _EXPONENT_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 """A number in exponent form: JSON and YAML 1.2 read ``2e-05`` as one, PyYAML (YAML 1.1) as a string."""
 
 
-def _entry(cls, slug: str, fields: dict, units: dict, base, *, key: str, location: str):
+def _near(word: str, known) -> str:
+    """``did you mean X? `` for a misspelt key or slug (difflib's close matches), or nothing."""
+    import difflib
+
+    known = [str(k) for k in known]
+    # a slug's family first (h100 -> h100-sxm, h100-pcie), then difflib's closest
+    near = [k for k in known if k.startswith(str(word)) and k != word]
+    near += [k for k in difflib.get_close_matches(str(word), known, n=3, cutoff=0.6) if k not in near]
+    return f"did you mean {' or '.join(near[:3])}? " if near else ""
+
+
+def _entry(cls, slug: str, fields: dict, units: dict, base, *, key: str, location: str,
+           lines: dict[str, int] | None = None, written_by: str | None = None):
     """One catalog entry from a hardware file's ``fields`` (over ``base``'s, if it extends one).
-    Errors say ``key`` (``gpus.SLUG``) and the field, at ``location`` (the file and line)."""
+    Errors say ``key`` (``gpus.SLUG``) and the field, at ``location`` (the file and the entry's
+    line; the field's own line where ``lines``, the parser's ``{"gpus.SLUG.field": line}``, has
+    it), in the file's units (``memory_gib: -5``, not the bytes it becomes). ``written_by``: the
+    dstk version a ``doctor --calibrate`` profile names in its header, so that a field this
+    version does not know is said to come from another version."""
+    from dstk import __version__
     from dstk.errors import DstkError
 
     if not isinstance(fields, dict):
         raise DstkError(f"{key}: expected a mapping of fields", location=location)
+    path = location.rsplit(":", 1)[0]
+
+    def where(name: str) -> str:
+        line = (lines or {}).get(f"{key}.{name}")
+        return f"{path}:{line}" if line else location
+
     values = dataclasses.asdict(base) if base is not None else {}
     defaults = {f.name: f.default for f in dataclasses.fields(cls)}
     allowed = set(defaults) - {"slug"}
+    given: dict[str, tuple[str, Any]] = {}  # dataclass field -> (the file's key, the file's value)
     for name, value in fields.items():
         if name not in units and name not in allowed:
-            raise DstkError(f"{key}.{name}: unknown field", hint=f"fields: {', '.join(sorted(allowed | set(units)))}",
-                            location=location)
+            other = (f"this profile was written by dstk {written_by} and this is dstk {__version__}: "
+                     "recalibrate with `dstk doctor --calibrate`, or delete the field; "
+                     if written_by and written_by != __version__ else "")
+            raise DstkError(f"{key}.{name}: unknown field",
+                            hint=f"{_near(name, allowed | set(units))}{other}fields: "
+                                 f"{', '.join(sorted(allowed | set(units)))}",
+                            location=where(name))
         current = values.get(name, defaults.get(name))
         numeric = name in units or (isinstance(current, (int, float)) and not isinstance(current, bool))
         if numeric and isinstance(value, str) and _EXPONENT_NUMBER.fullmatch(value.strip()):
             value = float(value)  # YAML 1.2's 2e-05, a string to PyYAML (YAML 1.1 wants 2.0e-05)
         if numeric and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             # checked before any arithmetic: "abc" * GiB would build a 3 GB string
-            raise DstkError(f"{key}.{name}: expected a number, got {value!r}", location=location)
+            raise DstkError(f"{key}.{name}: expected a number, got {value!r}", location=where(name),
+                            hint=f"write a bare number, e.g. {name}: "
+                                 f"{_example(values.get(units[name][0]) if name in units else current, name, units) or 1}")
+        if name in ("name",) and value is not None and not isinstance(value, str):
+            raise DstkError(f"{key}.{name}: expected text, got {value!r}", location=where(name),
+                            hint=f'quote it: {name}: "{value}"')
         if name in units:
             field, scale = units[name]
             values[field] = None if value is None else value * scale
-            if field in ("memory_bytes", "overhead_bytes"):
+            if field in ("memory_bytes", "overhead_bytes") and value is not None:
                 values[field] = int(values[field])
+            given[field] = (name, value)
         else:
             values[name] = value
+            given[name] = (name, value)
     values.setdefault("name", slug)
     values["slug"] = slug
     file_key = {field: file for file, (field, _) in units.items()}
     missing = [file_key.get(f.name, f.name) for f in dataclasses.fields(cls)
                if f.name not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:
+        near = _near(slug, GPUS if cls is GPU else INTERCONNECTS).removesuffix("? ")
         raise DstkError(f"{key}: a new entry needs {', '.join(missing)}",
-                        hint="give every field of a new entry, or extend an existing slug with 'base: SLUG'",
+                        hint=(f"{near} (to change that entry)? " if near else "")
+                        + "give every field of a new entry, or extend an existing slug with 'base: SLUG'",
                         location=location)
     try:
         return cls(**values)
-    except ValueError as exc:  # a field out of range (the dataclass checks name it)
+    except (ValueError, TypeError) as exc:  # a field out of range (the dataclass checks name it)
+        field, _, why = str(exc).partition(": ")
+        if field in given:  # said as the file says it: memory_gib -5, not memory_bytes -5368709120
+            name, value = given[field]
+            why = why.split(", got ")[0].replace("positive size", "positive number")
+            example = _example(getattr(base, field, None), name, units)
+            raise DstkError(f"{key}.{name}: {why}, got {value!r}", location=where(name),
+                            hint=f"e.g. {name}: {example} (the {base.slug} entry's)" if example and base is not None
+                            else f"give {why.removeprefix('expected ')}") from None
         raise DstkError(f"{key}.{exc}", location=location) from None
+
+
+def _example(current, name: str, units: dict) -> str | None:
+    """A value to show in a fix: the base entry's, in the file's units; None where it has none."""
+    if isinstance(current, (int, float)) and not isinstance(current, bool):
+        scale = units[name][1] if name in units else 1
+        return f"{current / scale:.4g}"
+    if isinstance(current, tuple):
+        import json
+
+        return json.dumps([[int(a) if float(a).is_integer() else a, b] for a, b in current])
+    return None
 
 
 MAX_HARDWARE_BYTES = 1 << 20
@@ -845,24 +911,34 @@ def load_catalog(path: str | os.PathLike) -> tuple[dict[str, GPU], dict[str, Int
 
     Units in the keys: ``*_gib`` GiB, ``*_tflops`` 10^12 FLOP/s, ``*_gbps`` 10^9 bytes/s.
     """
-    from dstk.errors import DstkError
+    from dstk.errors import DstkError, UsageError
     from dstk.intent import parse_user_text
 
     shape = "a YAML or JSON file with gpus: / interconnects: (see docs/estimate.md)"
-    try:
+    try:  # an unreadable path is a usage error (exit 2), as an intent file's is
         with open(path, "rb") as fh:
             raw = fh.read(MAX_HARDWARE_BYTES + 1)
     except FileNotFoundError:
-        raise DstkError(f"{path}: no such hardware file", hint=f"give {shape}") from None
+        raise UsageError(f"{path}: no such hardware file",
+                         hint=f"give {shape}, or write one with `dstk doctor --calibrate --output {path}`") from None
     except OSError as exc:
-        raise DstkError(f"{path}: cannot read the hardware file: {exc.strerror}", hint=f"give {shape}") from None
+        raise UsageError(f"{path}: cannot read the hardware file: {exc.strerror}", hint=f"give {shape}") from None
     if len(raw) > MAX_HARDWARE_BYTES:
-        raise DstkError(f"{path}: larger than {MAX_HARDWARE_BYTES >> 20} MiB, not a hardware file",
+        raise DstkError(f"larger than {MAX_HARDWARE_BYTES >> 20} MiB, not a hardware file",
                         location=str(path), hint=f"give {shape}")
     # strict, as the intent: duplicate keys, aliases, deep nesting, NaN, non-UTF-8 are refused with file:line
     data, lines = parse_user_text(raw, source=str(path), what="hardware file", example=shape)
-    if not isinstance(data, dict) or set(data) - {"gpus", "interconnects"}:
-        raise DstkError(f"{path}: expected top-level keys gpus and/or interconnects", location=str(path))
+    if not isinstance(data, dict) or not data or set(data) - {"gpus", "interconnects"}:
+        stray = sorted(map(str, set(data) - {"gpus", "interconnects"})) if isinstance(data, dict) else []
+        what = (f"unknown top-level key {stray[0]!r}" if stray else "empty" if not data
+                else f"a {type(data).__name__}, not a mapping")
+        raise DstkError(f"{what}: expected top-level keys gpus and/or interconnects",
+                        location=f"{path}:{lines.get(stray[0], 1)}" if stray else str(path),
+                        hint=(f"an entry goes under gpus: or interconnects: ({'gpus' if stray[0].lower() in GPUS else 'interconnects'}:"
+                              f" then {stray[0]}: indented below it); " if stray and (stray[0].lower() in GPUS
+                                                                                  or stray[0].lower() in INTERCONNECTS)
+                              else _near(stray[0], ("gpus", "interconnects")) if stray else "") + f"give {shape}")
+    written_by = written_by_version(raw)
     gpus, nets = dict(GPUS), dict(INTERCONNECTS)
     for table, cls, units, out in (("gpus", GPU, _GPU_UNITS, gpus), ("interconnects", Interconnect, _NET_UNITS, nets)):
         entries = data.get(table) or {}
@@ -880,9 +956,100 @@ def load_catalog(path: str | os.PathLike) -> tuple[dict[str, GPU], dict[str, Int
             where = f"{path}:{lines.get(f'{table}.{slug}', 1)}"
             base = out.get(str(base_slug).lower() if base_slug else slug)
             if base_slug and base is None:
-                raise DstkError(f"{table}.{slug}.base: unknown {base_slug!r}", location=where)
-            out[slug] = _entry(cls, slug, fields, units, base, key=f"{table}.{slug}", location=where)
+                line = lines.get(f"{table}.{slug}.base")
+                raise DstkError(f"{table}.{slug}.base: unknown {'GPU' if table == 'gpus' else 'network'} "
+                                f"{base_slug!r}", location=f"{path}:{line}" if line else where,
+                                hint=f"{_near(str(base_slug).lower(), out)}known: {', '.join(out)}")
+            out[slug] = _entry(cls, slug, fields, units, base, key=f"{table}.{slug}", location=where, lines=lines,
+                               written_by=written_by)
     return gpus, nets
+
+
+_PROFILE_VERSION = re.compile(rb"\A# dstk hardware profile: .*?\(dstk ([\w.+-]+)\)")
+
+
+def written_by_version(raw: bytes | str) -> str | None:
+    """The dstk version a ``doctor --calibrate`` profile names on its first line
+    (``# dstk hardware profile: ... (dstk 0.1.0)``); None for any other file (pure)."""
+    text = raw.encode() if isinstance(raw, str) else raw
+    match = _PROFILE_VERSION.match(text[:400])
+    return match.group(1).decode() if match else None
+
+
+def file_gpu_slugs(path: str | os.PathLike) -> tuple[str, ...]:
+    """The GPU slugs a hardware file adds or changes (its ``gpus:`` keys, lower-cased), read as
+    ``load_catalog`` reads them; a file it refuses raises its error."""
+    import json
+
+    from dstk.intent import parse_user_text
+
+    load_catalog(path)  # the file's own errors first, with file:line
+    with open(path, "rb") as fh:
+        data, _ = parse_user_text(fh.read(MAX_HARDWARE_BYTES), source=str(path), what="hardware file",
+                                  example=json.dumps({"gpus": {}}))
+    return tuple(str(slug).lower() for slug in (data.get("gpus") or {}))
+
+
+def hardware_gpu_note(*, path: str | os.PathLike, gpu_slug: str) -> str | None:
+    """A warning for ``--hardware FILE`` when ``gpu_slug`` is none of the file's GPU entries (a
+    profile calibrated on one device, planned for another: the catalog's figures are used, not
+    the file's); None when the file describes it, or describes no GPU (networks only)."""
+    slugs = file_gpu_slugs(path)
+    if not slugs or gpu_slug.strip().lower() in slugs:
+        return None
+    return (f"--hardware {path} describes {', '.join(slugs)}, not {gpu_slug}: the catalog's {gpu_slug} figures "
+            f"are used; give --gpu {slugs[0]} to use the file's")
+
+
+def file_fields(gpu: GPU) -> dict[str, Any]:
+    """The fields of ``gpu`` that differ from the built-in entry of its slug (all of them for a slug
+    the catalog lacks), keyed and scaled as a hardware file writes them (``memory_gib``, ``hbm_gbps``):
+    what a ``--hardware`` file changed, so that a plan records the figures it was priced with."""
+    base = GPUS.get(gpu.slug)
+    to_file = {field: (key, scale) for key, (field, scale) in _GPU_UNITS.items()}
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(GPU):
+        value = getattr(gpu, f.name)
+        if f.name == "slug" or (base is not None and value == getattr(base, f.name)):
+            continue
+        key, scale = to_file.get(f.name, (f.name, 1))
+        if isinstance(value, tuple):
+            value = [list(p) for p in value]
+        elif value is not None and scale != 1:
+            value = float(f"{value / scale:.6g}")
+        out[key] = value
+    return out
+
+
+def hardware_record(*, path: str | os.PathLike | None, gpu: GPU) -> dict | None:
+    """What ``plan.json`` says of a ``--hardware`` file (None without one): its absolute path, the
+    first line of a ``doctor --calibrate`` profile (where and when it was measured, with which
+    dstk), and the GPU figures it changed (``file_fields``), so that the plan's figures can be
+    reproduced without the file and `dstk estimate --config` can ask for it."""
+    if not path:
+        return None
+    header = None
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(400).decode("utf-8", "replace").strip()
+        header = first.removeprefix("# ") if first.startswith("# dstk hardware profile") else None
+    except OSError:
+        pass
+    return {"file": os.path.abspath(path), "profile": header, "gpu": gpu.slug, "gpu_name": gpu.name,
+            "gpu_fields": file_fields(gpu)}
+
+
+def hardware_why(*, path: str | os.PathLike | None, gpu: GPU) -> str | None:
+    """The why line of a plan priced with a ``--hardware`` file that changed ``gpu`` (a calibrated
+    profile): which file, where it was measured, and which figures are its own rather than the
+    catalog's. None without a file, or when it changed nothing of this GPU."""
+    record = hardware_record(path=path, gpu=gpu)
+    changed = [k for k in (record or {}).get("gpu_fields") or {} if k != "name"]
+    if not changed:
+        return None
+    made = f" ({record['profile'].removeprefix('dstk hardware profile: ')})" if record.get("profile") else ""
+    return (f"GPU: {gpu.slug} ({gpu.name}) with the figures of --hardware {path}{made}: {', '.join(changed)}; "
+            "the rest are the catalog's")
 
 
 @dataclasses.dataclass(kw_only=True, frozen=True, slots=True)

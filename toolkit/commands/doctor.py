@@ -263,7 +263,10 @@ def _calibrate(args: argparse.Namespace) -> int:
             import platform
 
             stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-            header = (f"{calibrate.HEADER}: `dstk doctor --calibrate` on {platform.node()}, {stamp}",
+            from dstk import __version__
+
+            # the version lets a later dstk say that a field it does not know comes from another release
+            header = (f"{calibrate.HEADER}: `dstk doctor --calibrate` on {platform.node()}, {stamp} (dstk {__version__})",
                       f"{measured.num_ranks} rank(s), {measured.backend} on {measured.device}"
                       + (f" ({measured.device_name})" if measured.device_name else "")
                       + f", GEMM sweep in {measured.precision}; base entry: {base.slug!r} of the catalog",

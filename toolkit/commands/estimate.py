@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from dstk.errors import UsageError
+from dstk.errors import DstkError, UsageError
 
 HELP = "memory per GPU (with its breakdown) and step time of one layout"
 DESCRIPTION = (
@@ -42,7 +42,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     c = parser.add_argument_group("cluster")
     c.add_argument("--gpus", type=int, metavar="N", help="GPUs in all (required without --intent)")
     c.add_argument("--gpus-per-node", type=int, metavar="G", help="default: min(N, 8)")
-    c.add_argument("--gpu", default="h100-sxm", metavar="TYPE", help="GPU slug (`dstk gpus`), default h100-sxm")
+    c.add_argument("--gpu", default=None, metavar="TYPE",
+                   help="GPU slug (`dstk gpus`), default h100-sxm, or the --hardware file's GPU where it has one")
     c.add_argument("--interconnect", metavar="NET", help="inter-node network slug (default: usual for the GPU)")
     c.add_argument("--hardware", metavar="FILE", help="YAML/JSON file adding or changing GPUs and networks")
     c.add_argument("--gpu-memory-gib", type=float, metavar="GIB", help="override the GPU's memory")
@@ -94,7 +95,7 @@ def model_from_args(args: argparse.Namespace):
         return get_model(args.model)
     if args.params is not None:
         if args.params < 1:
-            raise UsageError(f"--params {args.params:g}: expected a positive count")
+            raise DstkError(f"--params {args.params:g}: expected a positive count")
         return int(args.params)
     missing = [k for k, v in dims.items() if v is None]
     if missing:
@@ -104,14 +105,23 @@ def model_from_args(args: argparse.Namespace):
         return ModelSpec.generic(**dims, ffn_hidden_size=args.ffn_hidden_size, num_kv_heads=args.num_kv_heads,
                                  seq_len=args.seq_len)
     except ValueError as exc:
-        raise UsageError(f"dimensions: {exc}") from None
+        raise DstkError(f"dimensions: {exc}") from None
 
 
 def cluster_from_args(args: argparse.Namespace):
     from dstk.hardware import Cluster, default_interconnect, get_gpu, get_interconnect, load_catalog
 
     gpus, nets = load_catalog(args.hardware) if args.hardware else (None, None)
-    gpu = get_gpu(args.gpu, catalog=gpus)
+    slug = args.gpu
+    if args.hardware:  # a calibrated profile is for its own device (as `dstk plan`), and says when unused
+        from dstk.hardware import file_gpu_slugs, hardware_gpu_note
+
+        own = file_gpu_slugs(args.hardware)
+        slug = slug or (own[0] if len(own) == 1 else None)
+        note = hardware_gpu_note(path=args.hardware, gpu_slug=slug or "h100-sxm")
+        if note:
+            print(f"warning: {note}", file=sys.stderr)
+    gpu = get_gpu(slug or "h100-sxm", catalog=gpus)
     if args.gpu_memory_gib is not None:
         gpu = gpu.replace(memory_bytes=int(args.gpu_memory_gib * 2**30))
     if args.gpu_tflops is not None:  # as `dstk plan` does: a GPU without bf16 (V100) does not gain it
@@ -119,8 +129,8 @@ def cluster_from_args(args: argparse.Namespace):
                           fp16_flops=args.gpu_tflops * 1e12)
     per_node = args.gpus_per_node or min(args.gpus, 8)
     if args.gpus < 1 or per_node < 1 or args.gpus % per_node:
-        raise UsageError(f"--gpus {args.gpus} is not a multiple of --gpus-per-node {per_node}",
-                         hint="give whole nodes, e.g. --gpus 16 --gpus-per-node 8")
+        raise DstkError(f"--gpus {args.gpus} is not a multiple of --gpus-per-node {per_node}",
+                        hint="give whole nodes, e.g. --gpus 16 --gpus-per-node 8")
     nodes = args.gpus // per_node
     net = get_interconnect(args.interconnect or default_interconnect(gpu.slug), catalog=nets)
     return Cluster(num_nodes=nodes, gpus_per_node=per_node, gpu=gpu, interconnect=net)
@@ -138,16 +148,16 @@ def layout_and_training(args: argparse.Namespace, model):
     args = with_defaults(args)
     tp, pp = args.tp, args.pp
     if tp < 1 or pp < 1 or args.gpus % (tp * pp):
-        raise UsageError(f"--gpus {args.gpus} is not divisible by tp*pp = {tp * pp}",
-                         hint="choose --tp and --pp whose product divides --gpus")
+        raise DstkError(f"--gpus {args.gpus} is not divisible by tp*pp = {tp * pp}",
+                        hint="choose --tp and --pp whose product divides --gpus")
     dp = args.gpus // (tp * pp)
     per_step = args.micro_batch * dp
     global_batch = args.global_batch or per_step
     if global_batch % per_step:
         near = sorted({per_step * max(1, global_batch // per_step), per_step * (global_batch // per_step + 1)})
-        raise UsageError(f"--global-batch {global_batch} is not a multiple of micro-batch x dp = "
-                         f"{args.micro_batch} x {dp} = {per_step}",
-                         hint=f"nearest: {', '.join(map(str, near))}")
+        raise DstkError(f"--global-batch {global_batch} is not a multiple of micro-batch x dp = "
+                        f"{args.micro_batch} x {dp} = {per_step}",
+                        hint=f"nearest: {', '.join(map(str, near))}")
     seq = args.seq_len or default_seq_len(model)
     try:
         layout = Layout(dp=dp, tp=tp, pp=pp, zero_stage=args.zero, offload_optimizer=args.offload_optimizer,
@@ -158,7 +168,7 @@ def layout_and_training(args: argparse.Namespace, model):
                             optimizer=args.optimizer, attention=args.attention,
                             num_tokens=int(args.tokens) if args.tokens else None)
     except ValueError as exc:
-        raise UsageError(str(exc), hint=_layout_fix(str(exc))) from None
+        raise DstkError(str(exc), hint=_layout_fix(str(exc))) from None
     return layout, training
 
 
@@ -237,6 +247,12 @@ def planned_run_notes(args: argparse.Namespace, *, model, cluster, layout, train
     world = (planned_cluster.get("num_nodes") or 0) * (planned_cluster.get("gpus_per_node") or 0)
     check("GPUs", cluster.world_size, world or None, f"--gpus {world}")
     check("GPU", cluster.gpu.slug, planned_cluster.get("gpu"), f"--gpu {planned_cluster.get('gpu')}")
+    record = planned_cluster.get("hardware")  # the --hardware file (a calibrated profile) the plan was priced with
+    if isinstance(record, dict) and record.get("file"):
+        import os
+
+        here = os.path.abspath(args.hardware) if getattr(args, "hardware", None) else None
+        check("hardware", here or "the catalog's", record["file"], f"--hardware {record['file']}")
     check("seq", training.seq_len, planned_training.get("seq_len"), f"--seq-len {planned_training.get('seq_len')}")
     check("recompute", layout.recompute, planned_layout.get("recompute"),
           f"--recompute {planned_layout.get('recompute')}")
@@ -277,8 +293,8 @@ def _with_lora(args: argparse.Namespace, *, training, layout, model):
     if lora is None:
         return dataclasses.replace(training, lora=None) if training.lora is not None else training
     if layout.tp > 1 or layout.pp > 1:
-        raise UsageError(f"LoRA with tp={layout.tp}, pp={layout.pp}: AutoTP and the pipeline engine do not know peft's "
-                         "LoRA layers", hint="drop --tp/--pp: LoRA runs on data parallelism and ZeRO")
+        raise DstkError(f"LoRA with tp={layout.tp}, pp={layout.pp}: AutoTP and the pipeline engine do not know peft's "
+                        "LoRA layers", hint="drop --tp/--pp: LoRA runs on data parallelism and ZeRO")
     if isinstance(model, int):
         raise UsageError("LoRA needs the model's shape to size its adapters, not --params",
                          hint="give --model NAME or the dimensions")
@@ -421,6 +437,12 @@ def _intent_context(args: argparse.Namespace):
         intent = load_intent(args.intent)
     if args.hardware:
         intent = with_overrides(intent, {"cluster": {"hardware": args.hardware}})
+    if intent.cluster.hardware:
+        from dstk.hardware import hardware_gpu_note
+
+        note = hardware_gpu_note(path=intent.cluster.hardware, gpu_slug=intent.cluster.gpu)
+        if note:
+            print(f"warning: {note}", file=sys.stderr)
     return resolve(intent)
 
 
@@ -505,7 +527,7 @@ def from_config(args: argparse.Namespace):
                                                  precision=precision, gpu=cluster.gpu),
                             num_tokens=tokens, grad_clip=_config_grad_clip(doc.config))
     except ValueError as exc:
-        raise UsageError(str(exc)) from None
+        raise DstkError(str(exc)) from None
     from dstk.validate import locate
 
     return model, cluster, layout, training, settings.buffers, tuple(notes), tuple(locate(refused, doc))
@@ -655,8 +677,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         if engine != "megatron":
             raise
-        raise UsageError(f"--engine megatron: {exc}", hint="Megatron-LM shards the optimizer states only: "
-                         "use --zero 0 or 1 and no offload") from None
+        raise DstkError(f"--engine megatron: {exc}", hint="Megatron-LM shards the optimizer states only: "
+                        "use --zero 0 or 1 and no offload") from None
     if args.format == "json":
         data = est.to_dict()
         data["notes"] = list(notes)  # what the human output lists under "notes" (assumed defaults, ...)

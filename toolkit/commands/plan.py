@@ -166,13 +166,13 @@ def intent_from_args(args: argparse.Namespace, *, path: str | None = None):
         if nodes and "gpus_per_node" not in overrides["cluster"] and args.i_gpus % nodes == 0:
             per_node = args.i_gpus // nodes  # --gpus 16 --nodes 2: 8 a node
         if args.i_gpus % per_node:
-            raise UsageError(f"--gpus {args.i_gpus} is not a multiple of --gpus-per-node {per_node}",
-                             hint="give a multiple, or set --gpus-per-node")
+            raise DstkError(f"--gpus {args.i_gpus} is not a multiple of --gpus-per-node {per_node}",
+                            hint="give a multiple, or set --gpus-per-node")
         if nodes is not None and nodes * per_node != args.i_gpus:  # --gpus would silently win over --nodes
-            raise UsageError(f"--gpus {args.i_gpus} disagrees with --nodes {nodes} x {per_node} GPUs per node "
-                             f"({nodes * per_node} GPUs)",
-                             hint=f"give --gpus {args.i_gpus} or --nodes {nodes} with --gpus-per-node, not both; "
-                                  f"--gpus {args.i_gpus} means {args.i_gpus // per_node} node(s) x {per_node}")
+            raise DstkError(f"--gpus {args.i_gpus} disagrees with --nodes {nodes} x {per_node} GPUs per node "
+                            f"({nodes * per_node} GPUs)",
+                            hint=f"give --gpus {args.i_gpus} or --nodes {nodes} with --gpus-per-node, not both; "
+                                 f"--gpus {args.i_gpus} means {args.i_gpus // per_node} node(s) x {per_node}")
         overrides["cluster"].update(num_nodes=args.i_gpus // per_node, gpus_per_node=per_node)
     if getattr(args, "from_file", None):
         if base is not None:
@@ -185,7 +185,21 @@ def intent_from_args(args: argparse.Namespace, *, path: str | None = None):
                          hint="pass an intent YAML (examples/intents/) or --model NAME / the model dimensions")
     if args.i_gpus is not None:
         flags.update({"cluster.num_nodes": "--gpus", "cluster.gpus_per_node": "--gpus-per-node"})
-    return with_overrides(base, overrides, flags=flags)
+    hardware = overrides["cluster"].get("hardware")
+    if hardware and base is None and "gpu" not in overrides["cluster"]:
+        from dstk.hardware import file_gpu_slugs  # a calibrated profile is for its own device, not h100-sxm
+
+        slugs = file_gpu_slugs(hardware)
+        if len(slugs) == 1:
+            overrides["cluster"]["gpu"] = slugs[0]
+    intent = with_overrides(base, overrides, flags=flags)
+    if intent.cluster.hardware:
+        from dstk.hardware import hardware_gpu_note
+
+        note = hardware_gpu_note(path=intent.cluster.hardware, gpu_slug=intent.cluster.gpu)
+        if note:
+            print(f"warning: {note}", file=sys.stderr)
+    return intent
 
 
 def intent_from_stdin():

@@ -7,7 +7,6 @@ import copy
 import dataclasses
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -156,7 +155,7 @@ def _check_plan(req: FinetuneRequest) -> tuple[dict, dict]:
         raise UsageError(f"{cfg_path}: no ds_config.json", hint="write the run directory with `dstk generate`") from None
     except ValueError as exc:
         raise DstkError(f"{cfg_path}: not JSON: {exc}", hint="regenerate it with `dstk generate`") from None
-    cluster, layout = plan["cluster"], plan["layout"]
+    cluster = plan["cluster"]
     world = int(cluster["num_nodes"]) * int(cluster["gpus_per_node"])
     if int(cluster["num_nodes"]) > 1:
         raise DstkError(f"the plan is for {cluster['num_nodes']} nodes; dstk finetune starts ranks on this machine only",
@@ -172,9 +171,6 @@ def _check_plan(req: FinetuneRequest) -> tuple[dict, dict]:
 
 def prepare(req: FinetuneRequest, *, log=lambda s: print(s, file=sys.stderr)) -> Path:
     """Check and prepare; return the spec file the ranks read."""
-    from dstk.train import data as D
-    from dstk.train import model as M
-
     out = Path(req.output_dir)
     spec_path = out / "finetune.json"
     if req.resume:
