@@ -1,6 +1,10 @@
 """Gemma 1 (``GemmaForCausalLM``): Llama-shaped with GeGLU, ``head_dim`` 256, a 256k vocabulary
 and tied embeddings (the embedding is most of Gemma-2B). Source: Gemma Team 2024; tensor list as
-in ``transformers/models/gemma/modeling_gemma.py``."""
+in ``transformers/models/gemma/modeling_gemma.py``.
+
+No sliding window: ``GemmaConfig`` (transformers 5.25) has none, so every layer attends to every
+earlier token. Gemma 2 and 3 interleave sliding and global layers, but they are other model types
+(``gemma2``, ``gemma3``) with other layers (extra norms, soft-capping) that this family does not read."""
 
 from __future__ import annotations
 

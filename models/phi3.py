@@ -1,6 +1,11 @@
 """Phi-3 (``Phi3ForCausalLM``): Llama-shaped but with fused projections, ``qkv_proj``
 (``hidden -> (heads + 2 kv_heads) * head_dim``) and ``gate_up_proj`` (``hidden -> 2 ffn``), no
-biases. Source: Abdin et al. 2024; tensor list as in ``transformers/models/phi3/modeling_phi3.py``."""
+biases. Source: Abdin et al. 2024; tensor list as in ``transformers/models/phi3/modeling_phi3.py``.
+
+Sliding window: ``Phi3Config.sliding_window`` (default None) on every layer (``Phi3Model`` builds
+``create_sliding_window_causal_mask`` when it is set; ``Phi3Attention`` passes it to the kernel).
+The published 4k configs (``microsoft/Phi-3-mini-4k-instruct``, ``Phi-3-medium-4k-instruct``)
+say ``"sliding_window": 2047``, so the presets do: from 2047 tokens on SDPA gets a mask."""
 
 from __future__ import annotations
 
@@ -19,10 +24,10 @@ MODULES = {
 }
 
 
-def _phi3(h, layers, heads, kv, ffn, positions=4096):
+def _phi3(h, layers, heads, kv, ffn, positions=4096, window=2047):
     return {"model_type": FAMILY, "hidden_size": h, "num_hidden_layers": layers, "num_attention_heads": heads,
             "num_key_value_heads": kv, "intermediate_size": ffn, "vocab_size": 32064,
-            "max_position_embeddings": positions, "tie_word_embeddings": False}
+            "max_position_embeddings": positions, "tie_word_embeddings": False, "sliding_window": window}
 
 
 PRESETS = {
@@ -46,6 +51,7 @@ def read(cfg: dict, *, name: str) -> ModelSpec:
         activation=cfg.get("hidden_act", "silu"), dropout=float(cfg.get("attention_dropout", 0.0) or 0.0),
         embedding_tensors=(vocab * h,), layer_tensors=layer, final_tensors=norm(h, bias=False),
         lm_head_tensors=() if tied else linear(h, vocab, False), hf_config=dict(cfg),
+        sliding_window=cfg.get("sliding_window"),
         # Phi3Attention slices q/k/v out of qkv_proj; Phi3MLP chunks gate_up_proj; rotary runs on
         # q[..., :rotary_dim] and concatenates the rest back (even when nothing is left).
         eager=EagerLayer(qkv_split="slice", fused_gate_up=True, rotary_cat=True,

@@ -118,6 +118,9 @@ class ModelSpec:
     """Sliding-window attention span (HF ``sliding_window``: Mistral-7B-v0.1's 4096); None when every
     token attends to all before it. transformers hands SDPA an explicit mask (and repeats K/V) once
     a sequence reaches it (``steptime.sdpa_gets_mask``)."""
+    sliding_layers: tuple[int, ...] | None = None
+    """The layers (0-based) that apply ``sliding_window`` when only some do (Qwen2/Qwen3's
+    ``layer_types``: ``sliding_attention`` from ``max_window_layers`` on); None: every layer."""
     hf_config: dict = dataclasses.field(default_factory=dict, compare=False, hash=False, repr=False)
     """The HF ``config.json`` keys that build the real transformers model (``model_type`` first)."""
 
@@ -137,6 +140,13 @@ class ModelSpec:
         if self.sliding_window is not None and (isinstance(self.sliding_window, bool)
                                                 or not isinstance(self.sliding_window, int) or self.sliding_window < 1):
             raise ValueError(f"sliding_window: expected a positive integer or None, got {self.sliding_window!r}")
+        if self.sliding_layers is not None and (
+                self.sliding_window is None or not self.sliding_layers
+                or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_layers
+                       for i in self.sliding_layers)
+                or list(self.sliding_layers) != sorted(set(self.sliding_layers))):
+            raise ValueError(f"sliding_layers: expected increasing layer indices below num_layers {self.num_layers} "
+                             f"with a sliding_window (None: every layer), got {self.sliding_layers!r}")
 
     # --- counts (exact) ---------------------------------------------------------------------------
 

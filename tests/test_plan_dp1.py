@@ -82,10 +82,22 @@ def test_pinned_dp1_keeps_zero3_and_says_to_drop_it():
 
 
 def test_unpinned_never_picks_zero_over_one_rank_when_zero0_fits():
-    for constraints in ({}, {"tp": 2}, {"pp": 2}):
+    for constraints in ({}, {"tp": 2}):
         best = _plan(**constraints).plans[0]
         assert not shards_nothing(best.layout), (constraints, planner.describe(best.layout))
         assert not any("over one data-parallel rank" in w for w in best.why)
+
+
+def test_a_bf16_pipeline_over_one_rank_takes_zero1_for_fp32_sums_and_says_so():
+    """bf16 DeepSpeed pipeline: ZeRO-0 would sum the micro-batches' gradients in bf16, so the search
+    offers ZeRO-1 (which dstk renders with grad_accum_dtype fp32); the why line says so and how to opt out."""
+    best = _plan(pp=2).plans[0]
+    assert (best.layout.dp, best.layout.pp, best.layout.zero_stage) == (1, 2, 1)
+    line = next(w for w in best.why if "over one data-parallel rank" in w)
+    assert "sums the micro-batches' gradients in fp32" in line and "pin --zero 0" in line
+    assert "wins on headroom only" not in line
+    pinned = _plan(pp=2, zero_stage=0).plans[0]
+    assert (pinned.layout.pp, pinned.layout.zero_stage) == (2, 0)
 
 
 def test_unpinned_zero_over_one_rank_wins_only_for_memory():

@@ -68,6 +68,9 @@ class Search:
     constraints: Constraints = dataclasses.field(default_factory=Constraints)
     max_zero_stage: int = 3
     """The highest ZeRO stage the run can take (QLoRA: 2, DeepSpeed cannot partition 4-bit weights)."""
+    bf16: bool = False
+    """bf16 training: a DeepSpeed pipeline then skips ZeRO-0 unless pinned (it can only sum gradients in
+    bf16, ``memory.pipeline_grad_accum_dtype``; ZeRO-1 gets fp32 accumulation)."""
 
     @property
     def usable_bytes(self) -> int:
@@ -228,6 +231,8 @@ def micro_batches(s: Search, *, dp: int, pp: int) -> list[int]:
 def zero_stages(s: Search, *, pp: int) -> list[int]:
     c = s.constraints
     stages = [0, 1] if pp > 1 or c.engine == "megatron" else [0, 1, 2, 3]
+    if pp > 1 and s.bf16 and c.engine != "megatron" and c.zero_stage is None:
+        stages = [1]  # ZeRO-0 would sum the micro-batches' gradients in bf16 (DeepSpeed warns)
     return [z for z in stages if (c.zero_stage is None or z == c.zero_stage) and z <= s.max_zero_stage]
 
 
@@ -512,8 +517,11 @@ def idle_zero_text(layout: Layout) -> str:
 
 
 def dp1_zero_line(layout: Layout, *, twin_bytes: int | None, usable_bytes: int, zero_pinned: bool,
-                  twin_step_seconds: float | None = None, step_seconds: float | None = None) -> str | None:
+                  twin_step_seconds: float | None = None, step_seconds: float | None = None,
+                  fp32_sums: bool = False) -> str | None:
     """The why line of a winner with ZeRO over one data-parallel rank: what it buys and what to drop.
+    ``fp32_sums``: a bf16 DeepSpeed pipeline the search gave ZeRO-1 only (``zero_stages``), because
+    only ZeRO-1 can sum its micro-batches' gradients in fp32 (``memory.pipeline_grad_accum_dtype``).
     ``twin_bytes``: per-GPU bytes of the same layout with ZeRO-0 and no offload (None: unknown);
     ``twin_step_seconds``/``step_seconds``: that twin's and the winner's step (a twin over 0.5% slower
     is named: under a pipeline DeepSpeed runs ZeRO-0 in bf16 through ``BF16_Optimizer``, which
@@ -530,6 +538,10 @@ def dp1_zero_line(layout: Layout, *, twin_bytes: int | None, usable_bytes: int, 
         return f"{line}: its value here is the {offload} offload{pins}"
     if twin is not None and twin_bytes > usable_bytes:
         return f"{line}: it is kept for memory ({twin}){pins}"
+    if fp32_sums:
+        return (f"{line}; it is what sums the micro-batches' gradients in fp32 (data_types.grad_accum_dtype: "
+                f"fp32): DeepSpeed's ZeRO-0 pipeline would sum them in bf16; pin --zero 0 to accept that"
+                + (f" ({twin})" if twin else ""))
     line += " and still runs its hooks and copies (the estimate prices them on CPU ranks only)"
     if (not zero_pinned and twin_step_seconds is not None and step_seconds
             and twin_step_seconds > 1.005 * step_seconds):
@@ -810,7 +822,9 @@ def plan(*, search: Search, estimate: Callable[[Layout], Any], top: int | None =
             twin_est = estimate(twin)
             why.append(dp1_zero_line(best, twin_bytes=twin_est.memory.per_gpu.total_bytes, usable_bytes=usable,
                                      zero_pinned=zero_pinned, twin_step_seconds=twin_est.time.step_seconds,
-                                     step_seconds=ordered[0].step_seconds))
+                                     step_seconds=ordered[0].step_seconds,
+                                     fp32_sums=search.bf16 and best.pp > 1 and best.grad_accum > 1 and not zero_pinned
+                                     and search.constraints.engine != "megatron"))
         split = split_line(best, ordered[0].estimate, engine=search.constraints.engine)
         extra = host_line(search, ordered[0].estimate)
         cluster, host_step = getattr(ordered[0].estimate, "cluster", None), None
@@ -921,9 +935,11 @@ def resolve(intent) -> Context:
         world_size=cl.world_size, gpus_per_node=cl.gpus_per_node, num_layers=spec.num_layers,
         num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, global_batch=training.global_batch,
         capacity_bytes=gpu.memory_bytes, overhead_bytes=gpu.overhead_bytes, host_memory_bytes=host,
-        constraints=intent.constraints, max_zero_stage=max_zero,
+        constraints=intent.constraints, max_zero_stage=max_zero, bf16=precision == "bf16",
     )
     notes = (note,) if not changes else (note, override_note(cluster=cl, gpu=gpu))
+    measured = hardware.hardware_why(path=cl.hardware, gpu=gpu)  # a calibrated profile: say it priced the plan
+    notes += (measured,) if measured else ()
     notes += (attention_note,) if attention_note else ()
     longer = context_note(spec=spec, seq_len=training.seq_len)
     notes += (longer,) if longer else ()
@@ -1268,6 +1284,8 @@ def plan_document(ctx: Context, result: PlanResult, *, index: int = 0) -> dict:
                          f"{describe(result.plans[0].layout)}"] + entry["why"] + ([split] if split else [])
                         + list(ctx.buffers(chosen.layout)[1]))
     cl = ctx.intent.cluster
+    from dstk.hardware import hardware_record  # the --hardware file the figures came from (None: the catalog)
+
     doc = {
         "dstk_version": __version__,
         "model": model_facts(ctx.model),
@@ -1280,6 +1298,7 @@ def plan_document(ctx: Context, result: PlanResult, *, index: int = 0) -> dict:
             "usable_bytes": result.usable_bytes,
             "memory_headroom": ctx.intent.constraints.memory_headroom,
             "host_memory_bytes": ctx.search.host_memory_bytes,
+            "hardware": hardware_record(path=cl.hardware, gpu=ctx.cluster.gpu),
         },
         "training": {**ctx.training.to_dict(), "train_steps": ctx.intent.training.steps,
                      "lr": ctx.intent.training.lr, "schedule": ctx.intent.training.schedule},
@@ -1332,7 +1351,9 @@ def _megatron_traits(spec: Any) -> dict:
             "qk_norm": bool(getattr(shape, "qk_norm", False)),
             "head_dim": getattr(spec, "head_dim", None), "rotary_base": None if theta is None else float(theta),
             "num_experts": int(getattr(spec, "num_experts", 1) or 1),
-            "experts_per_token": int(getattr(spec, "experts_per_token", 1) or 1)}
+            "experts_per_token": int(getattr(spec, "experts_per_token", 1) or 1),
+            "sliding_window": getattr(spec, "sliding_window", None),
+            "sliding_layers": getattr(spec, "sliding_layers", None)}
 
 
 def _linear_biases(family: str | None, cfg: dict, shape: Any) -> tuple[bool, bool, bool]:

@@ -12,6 +12,7 @@ of stages, degrees and bytes. Every function here is pure (data in, data out) ex
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import os
 import shlex
@@ -63,6 +64,12 @@ class ModelDims:
     """Experts per MoE layer (Mixtral 8): ``--num-experts``; 1 for a dense model."""
     experts_per_token: int = 1
     """Experts each token is routed to (Mixtral 2): ``--moe-router-topk``."""
+    sliding_window: int | None = None
+    """Keys each query sees under sliding-window attention, itself included (HF ``sliding_window``:
+    Mistral-7B-v0.1 4096, Phi-3-mini-4k 2047): ``--window-size W-1,0``; None: full causal attention."""
+    sliding_layers: tuple[int, ...] | None = None
+    """The layers (0-based) that slide when only some do (Qwen2's ``max_window_layers``):
+    ``--window-attn-skip-freq``; None: every layer."""
 
 
 # --- DeepSpeed --------------------------------------------------------------------------------
@@ -258,6 +265,13 @@ def ds_config(
             # Read by DeepSpeed's PipelineEngine: recompute every layer's forward in backward.
             "activation_checkpoint_interval": 1 if layout.recompute == "full" else 0,
         }
+        from dstk.estimate.memory import pipeline_grad_accum_dtype
+
+        # Sum the micro-batches' gradients in fp32 (BF16_Optimizer), not bf16: priced by the estimate.
+        accum = pipeline_grad_accum_dtype(pp=layout.pp, zero_stage=layout.zero_stage, precision=training.precision,
+                                          grad_accum=layout.grad_accum, offload_optimizer=layout.offload_optimizer)
+        if accum:
+            config["data_types"] = {"grad_accum_dtype": accum}
     if layout.tp > 1:
         config["tensor_parallel"] = {"autotp_size": layout.tp}
     config["steps_per_print"] = 10
@@ -372,6 +386,29 @@ def megatron_notes(model: ModelDims) -> list[str]:
     return notes
 
 
+def megatron_window_args(model: ModelDims) -> list[tuple[str, str]]:
+    """Megatron-LM's sliding-window options for ``model`` (NVIDIA/Megatron-LM
+    ``megatron/training/arguments.py``: ``--window-size`` read by ``tuple_type``, ``"4095,0"`` ->
+    ``(4095, 0)``; ``--window-attn-skip-freq`` by ``moe_freq_type``, a Python list expression of
+    digits, ``[]()+*,`` where 1 marks a sliding layer). ``TransformerConfig.window_size`` is
+    (left, right): query ``i`` sees keys ``i - left .. i + right``
+    (``megatron/core/transformer/utils.py get_sliding_window_causal_mask``; TransformerEngine's
+    and FlashAttention's ``window_size`` the same), so HF's window of ``W`` keys, the query
+    included (transformers' ``sliding_window_overlay``: ``kv_idx > q_idx - W``), is ``(W - 1, 0)``.
+    Which layers slide: ``is_layer_window_attention`` (1-based ``layer_number``), every layer
+    without the skip pattern, else ``pattern[layer_number - 1]``; the pattern is written run by run
+    (``[0]*28+[1]*4``), which ``$(cat megatron.args)`` passes as it is unless a file of a matching
+    name sits in the working directory (bash leaves an unmatched glob alone)."""
+    if model.sliding_window is None:
+        return []
+    out = [("--window-size", f"{model.sliding_window - 1},0")]
+    if model.sliding_layers is not None:
+        flags = [1 if i in set(model.sliding_layers) else 0 for i in range(model.num_layers)]
+        runs = [(flag, len(list(group))) for flag, group in itertools.groupby(flags)]
+        out.append(("--window-attn-skip-freq", "+".join(f"[{flag}]*{n}" for flag, n in runs)))
+    return out
+
+
 def megatron_args(*, layout: Layout, training: TrainingIntent, model: ModelDims,
                   split: tuple[int, ...] | None = None) -> list[str]:
     """Megatron-LM ``pretrain_gpt.py`` arguments for the same layout, one option per item.
@@ -454,6 +491,8 @@ def megatron_args(*, layout: Layout, training: TrainingIntent, model: ModelDims,
             opt("--add-qkv-bias")
     if model.qk_norm:
         opt("--qk-layernorm")
+    for name, value in megatron_window_args(model):
+        opt(name, value)
     if training.attention == "flash":
         opt("--attention-backend", "flash")
     if (training.precision or "bf16") in ("bf16", "fp16"):
@@ -496,6 +535,18 @@ def lora_readme_note(*, lora: dict, family: str | None) -> str:
             f"r={lora['rank']}, lora_alpha={lora['alpha']:g}, lora_dropout={lora.get('dropout') or 0:g}, "
             f"target_modules={shown}))`{quant}. Without them every parameter trains, which needs far more memory "
             "(the LoRA line under \"Why this layout\" gives the full fine-tune's figure).")
+
+
+def _hardware_line(plan: dict) -> str:
+    """The README's word on a ``--hardware`` file (``plan.json``'s ``cluster.hardware``): which file
+    priced the plan and what it changed of the catalog's entry; empty for catalog figures."""
+    record = (plan.get("cluster") or {}).get("hardware")
+    if not isinstance(record, dict):
+        return ""
+    changed = ", ".join(k for k in record.get("gpu_fields") or {} if k != "name") or "nothing of the GPU entry"
+    made = f" ({record['profile']})" if record.get("profile") else ""
+    return (f"\nHardware figures from `{record.get('file')}`{made}, not the catalog's: {changed}; "
+            f"`dstk plan`/`estimate` take it with `--hardware`.")
 
 
 def megatron_layout_note(*, model, layout: Layout, training, cluster, usable_bytes: int) -> str | None:
@@ -594,7 +645,7 @@ parameter, which this plan's memory does not cover.
 
 Layout: {kind}; micro-batch {layout['micro_batch']} x {layout['grad_accum']} accumulation steps
 x {layout['dp']} replicas = {layout['micro_batch'] * layout['grad_accum'] * layout['dp']} sequences per step.
-Predicted: {gib:.2f} GiB per GPU, {step:.3g} s per step.
+Predicted: {gib:.2f} GiB per GPU, {step:.3g} s per step.{_hardware_line(plan)}
 
 ## Launch
 

@@ -13,7 +13,6 @@ from typing import Any
 
 from dstk.estimate import megatron as meg
 from dstk.estimate import memory as mem
-from dstk.estimate import timing as tm
 from dstk.estimate.steptime import sdpa_gets_mask, step_time
 from dstk.layout import Layout, Training
 
@@ -184,6 +183,8 @@ class _Facts:
     ``timing.eager_elementwise_bytes_per_token`` (``ModelSpec.eager_keywords``)."""
     sliding_window: int | None = None
     """``ModelSpec.sliding_window``: from that length on SDPA gets a mask (``steptime.sdpa_gets_mask``)."""
+    sliding_layers: tuple[int, ...] | None = None
+    """``ModelSpec.sliding_layers``: the layers that apply the window when only some do (None: all)."""
 
 
 _CACHE: dict[int, tuple[Any, _Facts]] = {}
@@ -224,6 +225,7 @@ def _model_facts(model) -> _Facts:
             qk_norm=model.head_dim != h and model.head_dim in model.layer_tensors,
             eager_keywords=tuple(model.eager_keywords().items()),
             sliding_window=getattr(model, "sliding_window", None),
+            sliding_layers=getattr(model, "sliding_layers", None),
         )
     if len(_CACHE) > 256:
         _CACHE.clear()
@@ -235,6 +237,26 @@ def _shape_at(f: _Facts, *, seq_len: int) -> mem.LayerShape:
     """``f.shape`` with ``sdpa_mask`` for ``seq_len``: a sliding window masks only the sequences
     that reach it (``steptime.sdpa_gets_mask``)."""
     return dataclasses.replace(f.shape, sdpa_mask=sdpa_gets_mask(f, seq_len=seq_len))
+
+
+def _sliding_layers_in(f: _Facts, *, start: int, count: int) -> int:
+    """How many of layers ``start .. start + count - 1`` apply the model's sliding window."""
+    if f.sliding_window is None:
+        return 0
+    if f.sliding_layers is None:
+        return count
+    return sum(1 for i in f.sliding_layers if start <= i < start + count)
+
+
+def _full_layer_extra_bytes(f: _Facts, *, per_layer_bytes: float, seq_len: int, **kw) -> float:
+    """What a layer applying the sliding window saves beyond a full-attention layer of the same
+    model (SDPA's mask and K/V repeated, ``memory.layer_activation_bytes``): 0 unless only some
+    layers slide (``ModelSpec.sliding_layers``), where the rest save ``per_layer_bytes`` less this."""
+    if f.sliding_window is None or f.sliding_layers is None or f.shape is None:
+        return 0.0
+    full = dataclasses.replace(kw.pop("shape"), sdpa_mask=sdpa_gets_mask(
+        dataclasses.replace(f, sliding_window=None, sliding_layers=None), seq_len=seq_len))
+    return per_layer_bytes - mem.layer_activation_bytes(shape=full, seq_len=seq_len, **kw)
 
 
 def _checkpointed_mask(f: _Facts, attention: str, recompute: str) -> bool:
@@ -367,6 +389,12 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
                          offload_params=layout.offload_params)
     if layout.world_size != cluster.world_size:
         raise ValueError(f"layout: dp*tp*pp = {layout.world_size} but the cluster has {cluster.world_size} GPUs")
+    kernels = getattr(model, "attention_kernels", None)
+    if engine != "megatron" and kernels is not None and training.attention not in kernels:
+        from dstk.plan import check_attention  # the kernel the HF class lacks: DstkError with the fix, as plan's
+
+        check_attention(attention=training.attention, precision=training.precision, gpu=cluster.gpu, spec=model,
+                        engine=engine)
     buffers = buffers or _DEFAULT_BUFFERS
     megatron = engine == "megatron"  # Megatron's own accounting: dstk.estimate.megatron
     tp_style = "megatron" if megatron else tp_style
@@ -382,15 +410,13 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
         lf = lora_est.lora_facts(model=model, lora=lora)
     w = mem.param_bytes(training.precision)
     gpu = cluster.gpu
-    peak = gpu.peak_flops(training.precision)
     tokens_mb = layout.micro_batch * training.seq_len
     m = layout.grad_accum
     threshold = buffers.param_persistence_threshold
 
-    layer_elems = f.layer_sharded / tp + f.layer_replicated
     layer_persistent = sum(t for t in f.layer_persistent if (t if t in (f.hidden,) else t / tp) <= threshold) \
         if layout.zero_stage == 3 else 0
-    per_layer_act = full_layer_act = 0.0
+    per_layer_act = full_layer_act = window_extra = 0.0
     io_first = io_last = 0.0
     if known:
         shape = _shape_at(f, seq_len=training.seq_len)
@@ -401,6 +427,9 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
         kw = dict(shape=shape, tokens=tokens_mb, seq_len=training.seq_len, act_bytes=w,
                   attention=training.attention, sequence_parallel_tp=sp, fused_dropout=not gpu.is_cpu)
         per_layer_act = mem.layer_activation_bytes(recompute=layout.recompute, **kw)
+        if not megatron:
+            window_extra = _full_layer_extra_bytes(f, per_layer_bytes=per_layer_act, recompute=layout.recompute,
+                                                   **kw)
         if layout.recompute == "full":
             # Backward re-runs one layer at a time: one layer's activations are live on top of
             # the checkpointed inputs (Chen et al. 2016 §3).
@@ -418,8 +447,12 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
             per_layer_act, full_layer_act = terms.layer_bytes, terms.recompute_layer_bytes
             io_first, io_last = terms.first_stage_bytes, terms.last_stage_bytes
         if lf is not None:  # what the frozen base no longer keeps, and what the adapters keep
+            first_shape = shape if f.sliding_window is None or _sliding_layers_in(f, start=0, count=1) else \
+                dataclasses.replace(shape, sdpa_mask=sdpa_gets_mask(  # layer 0 does not slide (Qwen2's first)
+                    dataclasses.replace(f, sliding_window=None, sliding_layers=None), seq_len=training.seq_len))
             layer_delta, once_delta = lora_est.activation_delta_bytes(
-                lf=lf, lora=lora, tokens=tokens_mb, shape=shape, act_bytes=w)
+                lf=lf, lora=lora, tokens=tokens_mb, shape=first_shape, act_bytes=w, seq_len=training.seq_len,
+                attention=training.attention)
             if layout.recompute == "full":
                 full_layer_act += layer_delta
             else:
@@ -461,7 +494,8 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
             gathered = lora_est.gathered_params(params=params, trainable=trainable,
                                                 embedding=0 if f.tied or not f.embed_tensors else f.embed_tensors[0])
         live = mem.live_param_bytes(zero_stage=layout.zero_stage, precision=training.precision, params=gathered,
-                                    largest_module=f.largest_tensor / tp, buffers=buffers)
+                                    largest_module=f.largest_tensor / tp, buffers=buffers, persistent=persistent,
+                                    largest_layer_tensor=max(f.layer_persistent, default=f.largest_tensor) / tp)
         if megatron:  # no ZeRO buckets: Megatron's states and buffers (dstk.estimate.megatron)
             states = meg.model_states(params=params, precision=training.precision, optimizer=training.optimizer,
                                       distributed_optimizer=layout.zero_stage >= 1, dp=dp)
@@ -472,7 +506,8 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
         act = None
         if known:
             held = mem.in_flight_microbatches(pp=pp, stage=i, grad_accum=m, virtual_stages=layout.virtual_stages)
-            act = n * per_layer_act * held + full_layer_act
+            full_layers = n - _sliding_layers_in(f, start=sum(counts[:i]), count=n) if window_extra else 0
+            act = (n * per_layer_act - full_layers * window_extra) * held + full_layer_act
             if first:
                 act += io_first * held
             if last:
@@ -483,12 +518,28 @@ def estimate(*, model, layout: Layout, training: Training, cluster, buffers: mem
                                     optimizer_bytes=states.optimizer_bytes, activations_bytes=act, buffers=fixed)
             peaks = (fullest,)
         else:
-            peaks = mem.phase_peaks(
-                zero_stage=layout.zero_stage, precision=training.precision, optimizer=training.optimizer, dp=dp,
-                params=trainable, largest_tensor=largest, states=states, buffers=buffers,
-                activations_bytes=act, logits_elements=tokens_mb * f.vocab / tp if (known and last) else 0.0,
-                grad_accum=m, offload_optimizer=layout.offload_optimizer, live_params_bytes=live, fixed=fixed,
-                cpu_rank=gpu.is_cpu)
+            kept = _pipeline_kept(pp=pp, last=last and known, grad_accum=m, tokens=tokens_mb, hidden=f.hidden,
+                                  vocab=f.vocab / tp, act_bytes=w)
+            logits = tokens_mb * f.vocab / tp if (known and last) else 0.0
+            if lf is None and mem.bf16_optimizer_in_pipeline(pp=pp, zero_stage=layout.zero_stage,
+                                                             precision=training.precision,
+                                                             grad_accum_dtype=buffers.grad_accum_dtype,
+                                                             offload_optimizer=layout.offload_optimizer):
+                k = (mem.adafactor_state_elements(params, f.hidden) / max(params, 1.0)
+                     if training.optimizer == "adafactor" else mem.OPTIMIZER_STATES[training.optimizer])
+                states = mem.bf16_optimizer_states(params=params, dp=dp, k=k,
+                                                   grad_accum_dtype=buffers.grad_accum_dtype)
+                peaks = mem.bf16_optimizer_peaks(params=params, dp=dp, largest_tensor=largest, states=states,
+                                                 activations_bytes=act, logits_elements=logits, grad_accum=m,
+                                                 fixed=fixed, kept=kept, cpu_rank=gpu.is_cpu,
+                                                 adam=training.optimizer in ("adam", "adamw"))
+            else:
+                peaks = mem.phase_peaks(
+                    zero_stage=layout.zero_stage, precision=training.precision, optimizer=training.optimizer, dp=dp,
+                    params=trainable, largest_tensor=largest, states=states, buffers=buffers,
+                    activations_bytes=act, logits_elements=logits,
+                    grad_accum=m, offload_optimizer=layout.offload_optimizer, gathered_bytes=live, fixed=fixed,
+                    cpu_rank=gpu.is_cpu, pipeline=pp > 1, kept=kept)
             fullest = max(peaks, key=lambda p: p.total_bytes)
         named = {b.name: b for p in peaks for b in p.buffers}
         stages.append(MemoryBreakdown(
@@ -539,8 +590,21 @@ def _fixed_buffers(*, layout: Layout, training: Training, params: float, dp: int
                               device="cpu"))
     pipe = mem.pipeline_buffer_bytes(pp=layout.pp, tokens=tokens, hidden=f.hidden, act_bytes=w)
     if pipe:
-        gpu.append(mem.Buffer(name="pipeline send/recv", bytes=int(pipe), formula="2 x 2 x b s h w"))
+        gpu.append(mem.Buffer(name="pipeline receive buffer", bytes=int(pipe),
+                              formula="b s h w (one, both directions)"))
     return tuple(gpu), tuple(cpu)
+
+
+def _pipeline_kept(*, pp: int, last: bool, grad_accum: int, tokens: int, hidden: int, vocab: float,
+                   act_bytes: int) -> dict[str, tuple[mem.Buffer, ...]]:
+    """The last stage's kept outputs per phase (``memory.pipeline_kept_outputs``,
+    ``memory.last_stage_outputs_bytes``): nothing without a pipeline or on other stages."""
+    if pp <= 1 or not last:
+        return {}
+    one = mem.last_stage_outputs_bytes(tokens=tokens, hidden=hidden, vocab=vocab, act_bytes=act_bytes)
+    return {phase: (mem.Buffer(name="last stage's kept outputs", bytes=int(n * one), phase=phase,
+                               formula=f"{n} x w b s (V + 2h) (pipe_buffers['outputs'])"),)
+            for phase, n in mem.pipeline_kept_outputs(last=True, grad_accum=grad_accum).items() if n}
 
 
 def saved_activation_bytes(*, model, micro_batch: int, seq_len: int, precision: str = "bf16", attention: str = "sdpa",
@@ -557,4 +621,7 @@ def saved_activation_bytes(*, model, micro_batch: int, seq_len: int, precision: 
     first, last = mem.model_io_bytes(tokens=tokens, seq_len=seq_len, hidden=f.hidden, vocab=f.vocab, act_bytes=w,
                                      rmsnorm=f.shape.rmsnorm, dropout=f.shape.dropout, rotary=f.rotary,
                                      head_dim=f.head_dim, checkpointed_mask=_checkpointed_mask(f, attention, recompute))
-    return f.layers * layer + first + last
+    extra = _full_layer_extra_bytes(f, per_layer_bytes=layer, shape=_shape_at(f, seq_len=seq_len), tokens=tokens,
+                                    seq_len=seq_len, act_bytes=w, attention=attention, recompute=recompute,
+                                    fused_dropout=not cpu)
+    return f.layers * layer - (f.layers - _sliding_layers_in(f, start=0, count=f.layers)) * extra + first + last

@@ -95,7 +95,8 @@ def choose_buffers(*, model, layout, training, cluster,
       plus the prefetch, instead of DeepSpeed's 1e9 (up to 2 GB of gathered bf16 parameters);
       ``stage3_max_reuse_distance`` the same: DeepSpeed keeps a gathered parameter whose next use
       lies within that many elements of modules (``partitioned_param_coordinator.py``
-      ``__params_to_release``), so with 1e9 a model under 1e9 parameters is never released.
+      ``__params_to_release``), so with 1e9 a model under 5e8 parameters is never released.
+      ``max_live`` caps only the prefetch: the gathered working set is ``mem.gathered_params``.
     """
     from dstk.estimate import _bandwidth, _model_facts, rank_params
     from dstk.estimate.steptime import collective_latency
@@ -152,8 +153,12 @@ def choose_buffers(*, model, layout, training, cluster,
         f"{', overlap_comm' if copies == 2 else ''}): {reason}; DeepSpeed's default 5e8 would take "
         f"{_mib(copies * defaults.reduce_bucket_size * w)}")
     if layout.zero_stage < 3:
+        # What render.ds_config writes as data_types.grad_accum_dtype (fp32 for bf16 ZeRO-1 pipelines).
+        accum = mem.pipeline_grad_accum_dtype(pp=layout.pp, zero_stage=layout.zero_stage,
+                                              precision=training.precision, grad_accum=layout.grad_accum,
+                                              offload_optimizer=layout.offload_optimizer)
         return mem.ZeroBuffers(reduce_bucket_size=bucket, allgather_bucket_size=bucket, overlap_comm=overlap,
-                               contiguous_gradients=True), tuple(why)
+                               contiguous_gradients=True, grad_accum_dtype=accum), tuple(why)
     layer_weight = (max(f.layer_persistent) if f.layer_persistent else f.layer_sharded) / layout.tp
     largest = max(f.largest_tensor / layout.tp, layer_weight)
     prefetch = min(_round_up(max(layer_weight, gather_floor)), gather_cap)
@@ -163,11 +168,25 @@ def choose_buffers(*, model, layout, training, cluster,
     ahead = ("gathers while the current one computes, no less than the latency floor" if prefetch >= layer_weight
              else f"is more than the cap ({MEMORY_FRACTION:.0%} of the GPU's memory), so only that much of it "
                   "gathers ahead")  # Mixtral's 9.4e8-element layer against a 4.2e8 cap on an 80 GB GPU
+    # The figures of the estimate's "ZeRO-3 gathered parameters" line (mem.gathered_params), same inputs.
+    persistent = f.layers * sum(t for t in f.layer_persistent if (t if t == f.hidden else t / layout.tp) <= persistence)
+    if training.lora is not None:  # as dstk.estimate prices it: the adapters too, an untied frozen embedding not
+        from dstk.estimate.lora import gathered_params as lora_gathered
+
+        gathered = lora_gathered(params=params, trainable=grads,
+                                 embedding=0 if f.tied or not f.embed_tensors else f.embed_tensors[0])
+    else:
+        gathered = params
+    held = dict(params=gathered, persistent=persistent, largest_tensor=f.largest_tensor / layout.tp,
+                largest_layer_tensor=max(f.layer_persistent, default=f.largest_tensor) / layout.tp)
+    ours = mem.gathered_params(**held, buffers=mem.ZeroBuffers(max_live_parameters=live, max_reuse_distance=live))
+    theirs = mem.gathered_params(**held, buffers=defaults)
     why.append(f"stage3_prefetch_bucket_size {elements_text(prefetch)}: the next weight "
                f"({elements_text(layer_weight)} elements per GPU) {ahead}; "
                f"stage3_max_live_parameters and stage3_max_reuse_distance {elements_text(live)}: the largest module "
-               f"({elements_text(largest)}) or a weight plus the prefetch, {_mib(live * w)} gathered at most "
-               f"(DeepSpeed's 1e9 keeps up to {_mib(min(1e9, params) * w)}); "
+               f"({elements_text(largest)}) or a weight plus the prefetch; max_live caps only the prefetch, so "
+               f"{_mib(ours.at_loss * w)} stay gathered at the loss, {_mib(ours.most * w)} at most "
+               f"(DeepSpeed's 1e9: {_mib(theirs.at_loss * w)}, {_mib(theirs.most * w)}); "
                f"stage3_param_persistence_threshold {persistence:,}: 10 x hidden, norms and biases stay whole")
     return mem.ZeroBuffers(reduce_bucket_size=bucket, allgather_bucket_size=bucket, overlap_comm=True,
                            contiguous_gradients=True, prefetch_bucket_size=prefetch,

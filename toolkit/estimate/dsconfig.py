@@ -223,6 +223,9 @@ def read_settings(config: object, *, hidden_size: int | None = None,
         changes[field] = fill(hidden_size)
         r.notes.append(f'{key} "auto" = {words} = {changes[field]:,} (transformers\' Trainer); plain '
                        f"deepspeed.initialize would use {elements_text(getattr(buffers, field))}")
+    accum_dtype = (config.get("data_types") or {}).get("grad_accum_dtype") if isinstance(config, dict) else None
+    if isinstance(accum_dtype, str):  # BF16_Optimizer or not under a pipeline (memory.bf16_optimizer_in_pipeline)
+        changes["grad_accum_dtype"] = accum_dtype.lower()
     buffers = dataclasses.replace(buffers, **changes)
 
     batch: dict = {}

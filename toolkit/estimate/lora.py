@@ -159,7 +159,7 @@ def gathered_params(*, params: float, trainable: float, embedding: float) -> flo
 
 
 def activation_delta_bytes(*, lf: LoraFacts, lora, tokens: int, shape: mem.LayerShape,
-                           act_bytes: int) -> tuple[float, float]:
+                           act_bytes: int, seq_len: int | None = None, attention: str = "sdpa") -> tuple[float, float]:
     """(per layer, once per model) bytes that a LoRA forward saves beyond a full fine-tune's
     (``memory.layer_activation_bytes`` and ``model_io_bytes``), for ``tokens`` tokens. Autograd
     keeps a linear's input only when its weight needs a gradient, so the frozen base keeps less,
@@ -175,8 +175,10 @@ def activation_delta_bytes(*, lf: LoraFacts, lora, tokens: int, shape: mem.Layer
     - once: the first layer's norm input needs no gradient (``-(4h + 4)``), the final norm's
       weight multiply and the frozen lm_head keep nothing (``-2wh``), and the frozen embedding
       not the token ids (``-8``); with no adapter before it (no q/k/v), the first layer's fused
-      attention needs no gradient and keeps nothing (``-(w(2q + 2kv) + 4a)``) but the input an
-      adapted o keeps (``+wq``).
+      attention needs no gradient and keeps nothing (``-(w(2q + 2kv) + 4a)``; SDPA handed a mask,
+      ``shape.sdpa_mask`` for the first layer under ``attention="sdpa"``: what that layer saves,
+      ``-(4wq + 4a + ws)`` with K/V repeated and the mask, ``memory.layer_activation_bytes``; ``seq_len``
+      needed then) but the input an adapted o keeps (``+wq``).
     LayerNorm models (GPT-2) keep their fused norm's input either way (no ``-2wh`` per layer).
     """
     w, h, ffn, rmsnorm = act_bytes, shape.hidden, shape.ffn, shape.rmsnorm
@@ -193,7 +195,12 @@ def activation_delta_bytes(*, lf: LoraFacts, lora, tokens: int, shape: mem.Layer
         layer -= w * ffn
     once = (4 * h + 4 + 2 * w * h + 8) if rmsnorm else (w * h + 8 + w * h + 8)
     if not lf.saves_attention_input:
-        once += w * (2 * shape.q_width + 2 * shape.kv_width) + 4 * shape.heads
+        if attention == "sdpa" and shape.sdpa_mask:
+            if seq_len is None:
+                raise ValueError("seq_len: needed for the first layer's masked SDPA (shape.sdpa_mask)")
+            once += 4 * w * shape.q_width + 4 * shape.heads + w * seq_len
+        else:
+            once += w * (2 * shape.q_width + 2 * shape.kv_width) + 4 * shape.heads
         once -= w * shape.q_width if lf.saves_attention_output else 0
     return float(layer * tokens), float(-once * tokens)
 

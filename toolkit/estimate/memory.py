@@ -137,6 +137,10 @@ class ZeroBuffers:
     **all-reduces** each gradient bucket (``allreduce_and_scatter``) and every rank keeps its slice;
     False reduces each slice to the rank that owns it (``dist.reduce``, one call per owner), about a
     reduce-scatter's traffic. Either way ZeRO-2 reduces in every micro-step."""
+    grad_accum_dtype: str | None = None
+    """``data_types.grad_accum_dtype`` (not a ZeRO key, carried here so that what the renderer writes,
+    ``estimate --config`` reads and the estimator prices agree): None is DeepSpeed's default (the
+    model's dtype). Under a bf16 pipeline it picks the optimizer (``bf16_optimizer_in_pipeline``)."""
 
     def bucket_all_reduces(self) -> bool:
         """Whether ZeRO-1/2 move a whole all-reduce's traffic per gradient bucket (DeepSpeed's default)."""
@@ -177,19 +181,79 @@ def offload_buffer_bytes(*, zero_stage: int, precision: str, offload_optimizer: 
     return w * largest_tensor, w * params / dp + w * largest_tensor
 
 
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class GatheredParams:
+    """ZeRO-3's gathered parameters (the persistent ones left out: ``model_states`` counts those
+    whole) at two moments of a training step (``gathered_params``): elements, or bytes when
+    ``live_param_bytes`` made it (``unit``)."""
+
+    at_loss: float
+    """Held while the loss is computed and backward starts: beside the logits, the step's peak."""
+    most: float
+    """The most held at any moment of the step (forward's last layer, before the logits exist)."""
+    formula: str
+    """Which case of ``gathered_params`` set ``at_loss``, for the buffer line."""
+    unit: str = "elements"
+    """"elements" or "bytes"."""
+
+
+def gathered_params(*, params: float, persistent: float, largest_tensor: float, largest_layer_tensor: float,
+                    buffers: ZeroBuffers) -> GatheredParams:
+    """ZeRO-3's gathered parameters as DeepSpeed 0.19.8's coordinator holds them
+    (``deepspeed/runtime/zero/partitioned_param_coordinator.py``). ``Pg`` = ``params - persistent``
+    (the partitioned ones; persistent ones are never released nor counted, ``:638-640``), ``g`` =
+    ``largest_tensor`` (the embedding or LM head), ``t`` = ``largest_layer_tensor``,
+    ``live``/``reuse``/``bucket`` = ``stage3_max_live_parameters``/``stage3_max_reuse_distance``/
+    ``stage3_prefetch_bucket_size``.
+
+    - ``max_live`` caps only the **prefetch**, never what stays gathered: each module's fetch
+      gathers its own parameters whatever is live (``:381``), then prefetches while fewer than
+      ``min(live - gathered, bucket)`` elements are queued (``:451-459``), adding whole
+      parameters, so the last one **overshoots** by up to its size. The prefetch runs ahead to
+      ``live`` and, when it reaches the LM head at forward's end with fewer than ``live``
+      gathered, adds all of it: the step's most is ``live + g`` (measured ``live - 1 layer matrix
+      or two + g``: ``tests/test_zero3_gathered_peak.py``), or ``live + t`` where a layer tensor is
+      the larger (Mixtral's fused experts).
+    - At the loss the LM head is kept (its next use, backward's first, is within ``reuse``) and
+      the prefetch has refilled to ``live`` with one layer parameter of overshoot: ``max(g, live + t)``.
+    - A parameter is released after its module only if its next use lies ``reuse`` elements or
+      more ahead in the trace (``__params_to_release``, ``:653-662``, counting every parameter,
+      persistent ones too). A forward parameter with ``X`` elements after it is used again in
+      backward ``2X`` later, so the tail of ``reuse/2`` elements (``Pg/P`` of it partitioned) stays
+      gathered from forward into backward (an estimate: measured within one layer matrix); with
+      ``reuse >= 2P`` nothing is released: ``Pg``.
+
+    So ``at_loss = min(Pg, max(g, live + t, retained))`` and
+    ``most = min(Pg, max(live + max(g, t), retained))``,
+    ``retained = Pg`` if ``reuse >= 2P`` else ``reuse/2 x Pg/P``. Both are bounds DeepSpeed reaches
+    within one layer matrix (the prefetch stops on a whole parameter). DeepSpeed's 1e9 defaults keep
+    a model under 5e8 parameters whole. (DeepSpeed's own estimator counts the largest layer only:
+    ``4 * largest_layer``.)"""
+    gathered = max(params - persistent, 0.0)
+    reuse, live = buffers.max_reuse_distance, buffers.max_live_parameters
+    if params <= 0 or reuse >= 2 * params:
+        return GatheredParams(at_loss=gathered, most=gathered, formula="Pg (reuse >= 2P: none released)")
+    retained = reuse / 2 * gathered / params
+    at_loss = max(largest_tensor, live + largest_layer_tensor, retained)
+    formula = ("reuse/2 x Pg/P" if at_loss == retained else "g (the LM head)" if at_loss == largest_tensor
+               else "(max_live + t)")
+    most = max(live + max(largest_tensor, largest_layer_tensor), retained)
+    return GatheredParams(at_loss=min(gathered, at_loss), most=min(gathered, most),
+                          formula=formula if at_loss < gathered else "Pg")
+
+
 def live_param_bytes(*, zero_stage: int, precision: str, params: float, largest_module: float,
-                     buffers: ZeroBuffers) -> float:
-    """ZeRO-3's gathered parameters while forward and backward run. DeepSpeed releases a gathered
-    parameter only when its next use lies beyond ``stage3_max_reuse_distance`` elements and keeps
-    at most ``stage3_max_live_parameters`` gathered (``partitioned_param_coordinator.py``
-    ``__params_to_release``), so the working set is the largest module plus the prefetch
-    bucket, or up to ``min(max_live, max_reuse)`` retained ones, never more than the parameters:
-    with DeepSpeed's 1e9 defaults a model under 1e9 parameters stays whole once gathered.
-    (DeepSpeed's estimator counts the largest layer only: ``4 * largest_layer``.)"""
+                     buffers: ZeroBuffers, persistent: float = 0.0,
+                     largest_layer_tensor: float | None = None) -> GatheredParams | None:
+    """``gathered_params`` in bytes (``w`` per element) for ZeRO-3, None otherwise.
+    ``largest_module`` is the largest tensor; ``largest_layer_tensor`` defaults to it."""
     if zero_stage != 3:
-        return 0.0
-    retained = min(buffers.max_live_parameters, buffers.max_reuse_distance)
-    return param_bytes(precision) * min(max(largest_module + buffers.prefetch_bucket_size, retained), params)
+        return None
+    g = gathered_params(params=params, persistent=persistent, largest_tensor=largest_module,
+                        largest_layer_tensor=largest_module if largest_layer_tensor is None else largest_layer_tensor,
+                        buffers=buffers)
+    w = param_bytes(precision)
+    return GatheredParams(at_loss=w * g.at_loss, most=w * g.most, formula=g.formula, unit="bytes")
 
 
 # --- the peak through one step ---------------------------------------------------------------
@@ -256,8 +320,9 @@ def element_formula(count: float, unit: int, what: str = "") -> str:
 def phase_peaks(*, zero_stage: int, precision: str, optimizer: str, dp: int, params: float, largest_tensor: float,
                 states: ModelStates, buffers: ZeroBuffers, activations_bytes: float | None,
                 logits_elements: float = 0.0, grad_accum: int = 1, offload_optimizer: str = "none",
-                live_params_bytes: float = 0.0, fixed: tuple[Buffer, ...] = (),
-                cpu_rank: bool = False) -> tuple[PhasePeak, ...]:
+                gathered_bytes: GatheredParams | None = None, fixed: tuple[Buffer, ...] = (),
+                cpu_rank: bool = False, pipeline: bool = False,
+                kept: dict[str, tuple[Buffer, ...]] | None = None) -> tuple[PhasePeak, ...]:
     """The fullest moment of forward, backward and the optimizer step on one rank's device,
     following DeepSpeed 0.19.8's code (``P`` = ``params``, this rank's elements before ZeRO;
     ``n`` = dp; ``Ps = P/n``; ``w`` = 2 or 4; ``A`` = saved activations; ``L`` = logits elements of
@@ -269,7 +334,8 @@ def phase_peaks(*, zero_stage: int, precision: str, optimizer: str, dp: int, par
 
     - **forward**, at the loss: ``A``, ZeRO-3's gathered parameters, and HF's loss transient: the
       logits (``wL``) and their fp32 upcast (``4L``, bf16/fp16 only; ``ForCausalLMLoss``) beside the
-      saved fp32 log-softmax (in ``A``).
+      saved fp32 log-softmax (in ``A``). ZeRO-3 holds more gathered parameters earlier, at the
+      last layer before the logits exist (``GatheredParams.most``): forward is the larger of the two.
     - **backward**: activations are freed layer by layer as gradients appear, so the live sum is
       linear in the layer index and peaks at one end (checked: the measured peaks fall at the
       first gradient or at the reduction):
@@ -295,6 +361,11 @@ def phase_peaks(*, zero_stage: int, precision: str, optimizer: str, dp: int, par
       allocate none. With optimizer offload the fp32 gradients and the update live on the CPU.
 
     With gradient accumulation the gradients of earlier micro-batches are live in forward too.
+    Under DeepSpeed's pipeline engine (``pipeline``; ZeRO-1, as ``BF16_Optimizer`` is priced by
+    ``bf16_optimizer_peaks``) nothing releases ZeRO-1's bucket between micro-batches, so it is live
+    in the later forwards too, and ``reduce_gradients(pipeline_parallel=True)`` appends a **second**
+    bucket at the schedule's end (``stage_1_and_2.py:962-969``); ``kept`` adds the last stage's
+    kept outputs per phase (``pipeline_kept_outputs``; the end of backward counts the step's).
     Checked against the peak of live allocator bytes on 2 gloo ranks (``tests/test_estimate_peak.py``:
     ZeRO 0-3, ``overlap_comm`` on and off, DeepSpeed's and dstk's bucket sizes, bf16 and fp32).
     """
@@ -304,9 +375,9 @@ def phase_peaks(*, zero_stage: int, precision: str, optimizer: str, dp: int, par
     base_grads = states.grads_bytes if zero_stage == 3 else 0.0
     offloaded = offload_optimizer != "none"
     adam = optimizer in ("adam", "adamw")
-    gathered = (Buffer(name="ZeRO-3 gathered parameters", bytes=int(live_params_bytes),
-                       formula="w x min(P, max(largest module + prefetch, min(max_live, max_reuse)))",
-                       phase="forward, backward"),) if live_params_bytes else ()
+    gathered = (Buffer(name="ZeRO-3 gathered parameters", bytes=int(gathered_bytes.at_loss),
+                       formula=f"w x {gathered_bytes.formula}, at the loss (gathered_params)",
+                       phase="forward, backward"),) if gathered_bytes and gathered_bytes.at_loss else ()
 
     # Gradients held from earlier micro-batches of the same step (and at the end of backward).
     if zero_stage == 0:
@@ -324,6 +395,14 @@ def phase_peaks(*, zero_stage: int, precision: str, optimizer: str, dp: int, par
                                    formula=f"({w} + 4) B x logits", phase="forward"),) if logits_fwd else ())
     forward = PhasePeak(phase="forward", params_bytes=states.params_bytes, grads_bytes=base_grads + accum,
                         optimizer_bytes=states.optimizer_bytes, activations_bytes=act, buffers=fixed + fwd_bufs)
+    if gathered_bytes and gathered_bytes.most > gathered_bytes.at_loss:
+        last_layer = PhasePeak(phase="forward", params_bytes=states.params_bytes, grads_bytes=base_grads + accum,
+                               optimizer_bytes=states.optimizer_bytes, activations_bytes=act,
+                               buffers=fixed + (Buffer(name="ZeRO-3 gathered parameters, forward's last layer",
+                                                       bytes=int(gathered_bytes.most), phase="forward",
+                                                       formula="w x min(Pg, max(max_live + max(g, t), retained))"
+                                                               " (gathered_params)"),))
+        forward = max((forward, last_layer), key=lambda p: p.total_bytes)
 
     bucket = reduce_bucket_bytes(zero_stage=zero_stage, precision=precision, params=params, buffers=buffers)
     copies = 2 if (zero_stage in (1, 2) and buffers.overlaps(zero_stage)) else 1
@@ -333,15 +412,23 @@ def phase_peaks(*, zero_stage: int, precision: str, optimizer: str, dp: int, par
                               formula=(f"{copies} x " if copies > 1 else "")
                               + element_formula(buffers.reduce_bucket_size, w, "overlap_comm" if copies > 1 else "")),)
     gathered_b = gathered
+    kept = kept or {}
+    pipe_bucket = bucket_bufs if (pipeline and grad_accum > 1) else ()
+    forward = dataclasses.replace(forward, buffers=forward.buffers + kept.get("forward", ()) + pipe_bucket)
+    if pipeline and bucket_bufs:
+        bucket_bufs = bucket_bufs + (Buffer(name="pipeline reduce bucket", bytes=int(w * buffers.reduce_bucket_size),
+                                            phase="backward", formula=element_formula(
+                                                buffers.reduce_bucket_size, w, "reduce_gradients(pipeline_parallel)")),)
     loss_grad = 8.0 * logits_elements
     start = PhasePeak(phase="backward", params_bytes=states.params_bytes, grads_bytes=base_grads + accum,
                       optimizer_bytes=states.optimizer_bytes, activations_bytes=act,
-                      buffers=fixed + gathered_b + ((Buffer(name="loss gradients", bytes=int(loss_grad),
-                                                           formula="2 x 4 B x logits", phase="backward"),)
-                                                    if loss_grad else ()))
+                      buffers=fixed + gathered_b + kept.get("backward", ()) + pipe_bucket
+                      + ((Buffer(name="loss gradients", bytes=int(loss_grad), formula="2 x 4 B x logits",
+                                 phase="backward"),) if loss_grad else ()))
     first = PhasePeak(phase="backward", params_bytes=states.params_bytes,
                       grads_bytes=base_grads + accum + w * largest_tensor, optimizer_bytes=states.optimizer_bytes,
-                      activations_bytes=act, buffers=fixed + gathered_b + bucket_bufs)
+                      activations_bytes=act, buffers=fixed + gathered_b + kept.get("backward", ())
+                      + bucket_bufs[:1])
     if zero_stage == 0:
         copy = w * min(params, ALLREDUCE_BUCKET_ELEMENTS)
         copy_buf = Buffer(name="all-reduce flat copy", bytes=int(copy), phase="backward",
@@ -362,7 +449,7 @@ def phase_peaks(*, zero_stage: int, precision: str, optimizer: str, dp: int, par
         end_grads = held if buffers.reduce_bucket_size < params else 0.0
     end = PhasePeak(phase="backward", params_bytes=states.params_bytes, grads_bytes=base_grads + end_grads,
                     optimizer_bytes=states.optimizer_bytes, activations_bytes=0.0 if act is not None else None,
-                    buffers=fixed + gathered_b + bucket_bufs + (copy_buf,))
+                    buffers=fixed + gathered_b + kept.get("step", ()) + bucket_bufs + (copy_buf,))
     backward = max((start, first, end), key=lambda p: p.total_bytes)
 
     temps = 0.0
@@ -389,6 +476,8 @@ def phase_peaks(*, zero_stage: int, precision: str, optimizer: str, dp: int, par
                          buffers=fixed + ((flat,) if fp32 else ()))
         update = dataclasses.replace(cast, buffers=fixed + temp_buf)
         step = max((cast, update), key=lambda p: p.total_bytes)
+    if kept.get("step"):
+        step = dataclasses.replace(step, buffers=step.buffers + kept["step"])
     return forward, backward, step
 
 
@@ -513,9 +602,154 @@ def in_flight_microbatches(*, pp: int, stage: int, grad_accum: int, virtual_stag
 
 
 def pipeline_buffer_bytes(*, pp: int, tokens: int, hidden: int, act_bytes: int) -> float:
-    """DeepSpeed's pipeline engine keeps send and receive buffers of one micro-batch's hidden
-    states per direction (``pipe/engine.py``, ``_allocate_buffers``): ``2 * 2 * b s h w``."""
-    return 0.0 if pp == 1 else float(4 * tokens * hidden * act_bytes)
+    """DeepSpeed 0.19.8's pipeline engine keeps **one** receive buffer of a micro-batch's hidden
+    states, ``b s h w``, on every stage: ``_allocate_or_extend_buffers`` (``pipe/engine.py:1284-1294``)
+    serves both the activation receive (``pipe_recv_buf``, ``:1000``) and the gradient receive
+    (``grad_layer``, ``:1178-1181``) from the same ``_grad_layer_buf[idx]``, so a middle stage
+    holds one, not one per direction; sends go out of the tensors themselves (``:1045-1049``,
+    ``:1097-1108``), no buffer. (The mask and position ids of a non-first stage add ``16 b s``:
+    left out.) Measured: ``tests/test_pipeline_memory_peak.py``."""
+    return 0.0 if pp == 1 else float(tokens * hidden * act_bytes)
+
+
+FP32_NAMES = frozenset({"fp32", "float32", "float", "torch.float32"})
+"""The names DeepSpeed 0.19.8's ``DtypeEnum.fp32`` accepts (``runtime/config.py:147``)."""
+
+
+def accumulates_in_fp32(grad_accum_dtype: str | None) -> bool:
+    """Whether ``data_types.grad_accum_dtype`` names fp32 (any of DeepSpeed's spellings)."""
+    return isinstance(grad_accum_dtype, str) and grad_accum_dtype.lower() in FP32_NAMES
+
+
+def bf16_optimizer_in_pipeline(*, pp: int, zero_stage: int, precision: str, grad_accum_dtype: str | None = None,
+                               offload_optimizer: str = "none") -> bool:
+    """Whether DeepSpeed 0.19.8 wraps a pipeline's optimizer in ``BF16_Optimizer``
+    (``engine.py:2294-2323``, ``_do_optimizer_sanity_check``): bf16 ZeRO-0 with the model's
+    accumulation dtype (the default, ``get_data_types``, ``engine.py:1806``: it then logs "BF16
+    gradient accumulation is not safe numerically with large number of accumulation steps",
+    ``:2316-2319``), or bf16 ZeRO-1 with ``data_types.grad_accum_dtype: "fp32"`` and no offload
+    (``:2305-2310``). bf16 ZeRO-0 with fp32 accumulation is refused (``NotImplementedError``, ``:2323``)."""
+    if pp <= 1 or precision != "bf16":
+        return False
+    fp32 = accumulates_in_fp32(grad_accum_dtype)
+    return (zero_stage == 0 and not fp32) or (zero_stage == 1 and fp32 and offload_optimizer == "none")
+
+
+def pipeline_grad_accum_dtype(*, pp: int, zero_stage: int, precision: str | None, grad_accum: int,
+                              offload_optimizer: str = "none") -> str | None:
+    """What dstk writes as ``data_types.grad_accum_dtype`` (None: leave DeepSpeed's default, the
+    model's dtype): ``"fp32"`` for a bf16 DeepSpeed pipeline with ZeRO-1, no offload and more than
+    one micro-batch. With the default, DeepSpeed 0.19.8 sums the micro-batches' gradients in bf16
+    (ZeRO-1 in ``param.grad``; ZeRO-0 in ``BF16_Optimizer``'s bf16 buffer, with the warning of
+    ``engine.py:2316-2319``); fp32 sends ZeRO-1 to ``BF16_Optimizer`` with an fp32 buffer
+    (``engine.py:2305-2310``), as Megatron accumulates into fp32 ``main_grad``. The price, in
+    ``bf16_optimizer_states`` / ``bf16_optimizer_peaks`` and ``steptime.bf16_pipe_grad_bytes_per_param``:
+    ``4P`` of buffer beside the ``2P`` bf16 grads (the ZeRO-1 buckets go), and 22 B/param (20 on the
+    last stage) per micro-batch. ZeRO-0 cannot take it (``NotImplementedError``, ``engine.py:2323``)."""
+    if pp > 1 and (precision or "bf16") == "bf16" and zero_stage == 1 and offload_optimizer == "none" \
+            and grad_accum > 1:
+        return "fp32"
+    return None
+
+
+def bf16_optimizer_states(*, params: float, dp: int, k: float, grad_accum_dtype: str | None = None) -> ModelStates:
+    """Model states of DeepSpeed 0.19.8's ``BF16_Optimizer`` (``bf16_optimizer.py:152-236``,
+    ``_setup_for_real_optimizer``), ``P`` = this stage's parameters, ``n`` = dp, ``a`` = 2 bytes
+    (bf16 accumulation, the default) or 4 (``grad_accum_dtype: "fp32"``):
+
+    - the bf16 parameters, flattened into one buffer per group (``:166-171``): ``2P``;
+    - an fp32 master partition (``:182``): ``4P/n``; Adam's states over it: ``4K P/n``;
+    - the **accumulation buffer** ``fp32_groups_gradients_flat`` (``:191``), ``aP``, whole on
+      every rank and from initialize on: what ``update_hp_grads`` adds each micro-batch's bf16
+      gradients into (``:508-540``). ``grads_bytes`` is this buffer;
+    - at the step, with bf16 accumulation, the partition is cast to fp32 for the optimizer
+      (``step``, ``:414-417``): ``4P/n`` (``step_grads_bytes``); fp32 accumulation hands the
+      buffer over as it is.
+
+    The bf16 ``.grad`` of each parameter (``2P``) is not in here: ``bf16_optimizer_peaks`` holds
+    it from the first backward to the step's ``zero_grad``."""
+    shard = params / dp
+    accum = 4.0 if accumulates_in_fp32(grad_accum_dtype) else 2.0
+    return ModelStates(params_bytes=2.0 * params, grads_bytes=accum * params,
+                       step_grads_bytes=0.0 if accum == 4 else 4.0 * shard, master_bytes=4.0 * shard,
+                       states_bytes=4.0 * k * shard)
+
+
+def last_stage_outputs_bytes(*, tokens: int, hidden: int, vocab: float, act_bytes: int) -> float:
+    """What the last stage keeps of one earlier micro-batch: its ``_exec_backward_pass`` returns
+    right after ``backward(loss)`` (``pipe/engine.py:797-799``) and never clears
+    ``pipe_buffers['outputs']`` (only other stages do, ``:865-866``), so each of the stage's
+    ``max(2, ...)`` buffers (``schedule.py:255-256``) keeps the logits (``w b s V``) and, through
+    their autograd graph, the received hidden state and its gradient (``2 b s h w``) until the
+    buffer is reused: ``w b s V + 2 w b s h`` per kept micro-batch, between steps too.
+    Measured: ``tests/test_pipeline_memory_peak.py``."""
+    return float(act_bytes * tokens * (vocab + 2 * hidden))
+
+
+def pipeline_kept_outputs(*, last: bool, grad_accum: int) -> dict[str, int]:
+    """Earlier micro-batches whose outputs the last stage keeps (``last_stage_outputs_bytes``) in
+    each phase: in forward both buffers still hold their previous micro-batches (the new outputs
+    replace one only after the forward, ``pipe/engine.py:751``); in backward the other buffer's;
+    at the step both. 0 on other stages."""
+    if not last:
+        return {"forward": 0, "backward": 0, "step": 0}
+    kept = min(2, grad_accum)
+    return {"forward": kept, "backward": min(1, grad_accum - 1), "step": kept}
+
+
+def bf16_optimizer_peaks(*, params: float, dp: int, largest_tensor: float, states: ModelStates,
+                         activations_bytes: float | None, logits_elements: float = 0.0, grad_accum: int = 1,
+                         fixed: tuple[Buffer, ...] = (), kept: dict[str, tuple[Buffer, ...]] | None = None,
+                         cpu_rank: bool = False, adam: bool = True) -> tuple[PhasePeak, ...]:
+    """The fullest moment of forward, backward and step of a pipeline stage under
+    ``BF16_Optimizer`` (``bf16_optimizer_states``; ``immediate_grad_update`` false, DeepSpeed
+    0.19.8's default, ``precision_config.py:51``). Each stage holds its bf16 parameters, master,
+    states and accumulation buffer ``aP`` throughout, and:
+
+    - the bf16 ``.grad`` of every parameter (``2P``) from the first backward on: ``clear_lp_grads``
+      zeroes them before each micro-batch's backward (``pipe/engine.py:844-846``,
+      ``bf16_optimizer.py:612-623``) without freeing them; only the step's ``zero_grad``
+      (``engine.py:3524-3526``, ``set_to_none=True``) frees them. With ``m > 1`` they are live in
+      forward; with ``m = 1`` only the largest tensor's at backward's first gradient;
+    - forward: the activations and the last stage's loss transient (``(2 + 4) L``, as ``phase_peaks``);
+    - backward: the activations plus the loss gradients (``8 L``) at its start;
+    - the end of backward reduces the one flat accumulation buffer per group, which
+      ``_flatten_dense_tensors`` hands over as a view (no copy; ``_bf16_reduce_grads``,
+      ``pipe/engine.py:296-298``);
+    - step: the bf16 grads, the fp32 cast of the partition (``step_grads_bytes``), and on CPU
+      ranks torch AdamW's ``2 x 4`` bytes per element of the optimizer's one flat fp32 partition
+      (``P/n``; see ``phase_peaks``).
+
+    ``kept`` adds, per phase, the last stage's kept outputs (``pipeline_kept_outputs``).
+    Measured on 2 gloo ranks: ``tests/test_pipeline_memory_peak.py``."""
+    kept = kept or {}
+    shard = params / dp
+    act = activations_bytes
+    hp = states.grads_bytes
+    lp = 2.0 * params
+    held = lp if grad_accum > 1 else 0.0
+    logits_fwd = 6.0 * logits_elements
+    fwd_bufs = (Buffer(name="logits and their fp32 upcast", bytes=int(logits_fwd), formula="(2 + 4) B x logits",
+                       phase="forward"),) if logits_fwd else ()
+    forward = PhasePeak(phase="forward", params_bytes=states.params_bytes, grads_bytes=hp + held,
+                        optimizer_bytes=states.optimizer_bytes, activations_bytes=act,
+                        buffers=fixed + kept.get("forward", ()) + fwd_bufs)
+    loss_grad = 8.0 * logits_elements
+    start = PhasePeak(phase="backward", params_bytes=states.params_bytes, grads_bytes=hp + held,
+                      optimizer_bytes=states.optimizer_bytes, activations_bytes=act,
+                      buffers=fixed + kept.get("backward", ()) + ((Buffer(
+                          name="loss gradients", bytes=int(loss_grad), formula="2 x 4 B x logits",
+                          phase="backward"),) if loss_grad else ()))
+    first = dataclasses.replace(start, grads_bytes=hp + max(held, 2.0 * largest_tensor),
+                                buffers=fixed + kept.get("backward", ()))
+    backward = max((start, first), key=lambda p: p.total_bytes)
+    temps = 8.0 * shard if (cpu_rank and adam) else 0.0
+    step = PhasePeak(phase="step", params_bytes=states.params_bytes, grads_bytes=hp + lp + states.step_grads_bytes,
+                     optimizer_bytes=states.optimizer_bytes, activations_bytes=0.0 if act is not None else None,
+                     buffers=fixed + kept.get("step", ()) + ((Buffer(
+                         name="AdamW temporaries", bytes=int(temps), phase="step",
+                         formula="2 x 4 B x fp32 partition"),) if temps else ()))
+    return forward, backward, step
 
 
 def zero_paper_bytes(*, params: float, dp: int, stage: int, k: float = 12.0) -> float:

@@ -156,7 +156,8 @@ def sdpa_gets_mask(facts, *, seq_len: int) -> bool:
     """Whether the family's HF layer code hands SDPA an explicit mask for ``seq_len``-long
     sequences: always for Falcon (``FalconModel`` builds the causal mask with
     ``allow_is_causal_skip=False``; its ``EagerLayer.kv_repeated`` marks it), and for a sliding
-    window (Mistral-7B-v0.1) once ``seq_len >= sliding_window``: transformers 5.25's
+    window (Mistral-7B-v0.1, Phi-3 4k; the sliding layers of a Qwen2/3 with ``use_sliding_window``:
+    ``layer_seconds`` splits those) once ``seq_len >= sliding_window``: transformers 5.25's
     ``masking_utils._ignore_causal_mask_sdpa`` keeps the mask when ``kv_length >=
     local_attention_size`` (at ``seq_len == window`` too, where the window masks nothing).
     transformers repeats K/V to the query heads before SDPA exactly when a mask is passed
@@ -169,6 +170,26 @@ def sdpa_gets_mask(facts, *, seq_len: int) -> bool:
         return True
     window = getattr(facts, "sliding_window", None)
     return window is not None and seq_len >= window
+
+
+def sliding_layer_share(facts) -> float:
+    """Share of the model's layers that apply its sliding window: 0 without one, 1 when every layer
+    does (Mistral, Phi-3, Mixtral), ``len(sliding_layers) / layers`` when only some do (Qwen2/3's
+    ``layer_types``: ``ModelSpec.sliding_layers``)."""
+    if getattr(facts, "sliding_window", None) is None:
+        return 0.0
+    layers = getattr(facts, "sliding_layers", None)
+    return 1.0 if layers is None else len(layers) / facts.layers
+
+
+def _mixed(windowed: LayerSeconds, full: LayerSeconds, *, share: float) -> LayerSeconds:
+    """The mean layer of a model where ``share`` of the layers slide: each time weighted by its layers."""
+    def mean(a, b):
+        return None if a is None and b is None else share * a + (1.0 - share) * b
+
+    return dataclasses.replace(windowed, **{
+        field.name: mean(getattr(windowed, field.name), getattr(full, field.name))
+        for field in dataclasses.fields(LayerSeconds) if field.name != "flash"})
 
 
 def window_share(*, seq_len: int, window: int | None) -> float:
@@ -205,7 +226,17 @@ def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_byt
     Norms, residuals, activation and rotary: ``fused`` (Megatron's kernels) read and write each
     tensor once (``timing.elementwise_bytes_per_token``, backward twice the forward); otherwise
     HF transformers' eager modules, op by op (``timing.eager_elementwise_bytes_per_token``,
-    forward and backward each counted; 3.6x the fused bytes for a Llama layer)."""
+    forward and backward each counted; 3.6x the fused bytes for a Llama layer).
+
+    A model whose window only some layers apply (``sliding_layer_share`` between 0 and 1) gets the
+    mean of a windowed and a full-attention layer, weighted by their counts."""
+    share = sliding_layer_share(facts)
+    if 0.0 < share < 1.0:
+        kw = dict(tokens=tokens, seq_len=seq_len, tp=tp, sp=sp, act_bytes=act_bytes, attention=attention, gpu=gpu,
+                  peak_flops=peak_flops, fused=fused)
+        return _mixed(layer_seconds(facts=dataclasses.replace(facts, sliding_layers=None), **kw),
+                      layer_seconds(facts=dataclasses.replace(facts, sliding_window=None, sliding_layers=None), **kw),
+                      share=share)
     shape = facts.shape
     w = act_bytes
     if shape is None:  # a bare parameter count: its FLOPs at the GPU's plain achievable share
@@ -1157,16 +1188,21 @@ def tied_grad_allreduce_seconds(*, facts, pp: int, tp: int, dp: int, precision: 
         call_seconds=call, priced_seconds=2 * lat)
 
 
-def bf16_optimizer_in_pipeline(*, engine: str, pp: int, zero_stage: int, precision: str) -> bool:
+def bf16_optimizer_in_pipeline(*, engine: str, pp: int, zero_stage: int, precision: str,
+                                grad_accum_dtype: str | None = None, offload_optimizer: str = "none") -> bool:
     """Whether DeepSpeed 0.19.8 wraps the optimizer in ``BF16_Optimizer`` for a pipeline: ZeRO-0 in
     bf16 with the default ``data_types.grad_accum_dtype`` (the model's: ``engine.py:1806``), which
     ``_do_optimizer_sanity_check`` sends to ``BFLOAT16`` only under a pipeline
     (``engine.py:2316-2320``, with a warning that bf16 accumulation over many micro-batches is not
-    safe); without one it is ``FP16_Optimizer``'s fused path (``DDP_BFLOAT16``)."""
-    return engine == "deepspeed" and pp > 1 and zero_stage == 0 and precision == "bf16"
+    safe); without one it is ``FP16_Optimizer``'s fused path (``DDP_BFLOAT16``). ZeRO-1 with
+    ``grad_accum_dtype: "fp32"`` runs it too (``memory.bf16_optimizer_in_pipeline``)."""
+    return engine == "deepspeed" and mem.bf16_optimizer_in_pipeline(pp=pp, zero_stage=zero_stage, precision=precision,
+                                                                    grad_accum_dtype=grad_accum_dtype,
+                                                                    offload_optimizer=offload_optimizer)
 
 
-def bf16_pipe_grad_bytes_per_param(*, last: bool, precision: str = "bf16") -> float:
+def bf16_pipe_grad_bytes_per_param(*, last: bool, precision: str = "bf16",
+                                   grad_accum_dtype: str | None = None) -> float:
     """HBM bytes per parameter that ``BF16_Optimizer`` adds to each micro-batch's backward under
     DeepSpeed's pipeline engine, beyond the accumulation into ``.grad`` that
     ``timing.grad_accumulation_bytes_per_param`` prices:
@@ -1181,10 +1217,129 @@ def bf16_pipe_grad_bytes_per_param(*, last: bool, precision: str = "bf16") -> fl
       ``hp.add_(lp.to(hp.dtype))`` (``bf16_optimizer.py:520``), read ``w`` twice and write ``w``.
 
     ``5 w`` (10 B) per micro-batch on an inner stage, ``4 w`` on the last. Counted on 2 gloo ranks:
-    ``tests/test_pipeline_costs.py``."""
+    ``tests/test_pipeline_costs.py``. With ``grad_accum_dtype: "fp32"`` the buffer is fp32 and
+    ``lp.to(hp.dtype)`` materialises an fp32 copy first: read ``w``, write and read 4, read and
+    write the buffer's 4: ``clears w + w + 16`` (22 B inner, 20 B last)."""
     w = mem.param_bytes(precision)
     clears = 1 if last else 2
+    if mem.accumulates_in_fp32(grad_accum_dtype):
+        return clears * w + w + 16.0
     return clears * w + 3 * w
+
+
+@dataclasses.dataclass(kw_only=True, frozen=True, slots=True)
+class OffloadTraffic:
+    """Bytes one rank moves over its host link (PCIe) per optimizer step under ZeRO offload, per
+    element of its partition, as DeepSpeed 0.19.8 issues the copies (``offload_traffic``).
+    "down" is device -> host, "up" host -> device."""
+
+    accumulate: tuple[tuple[float, float], ...]
+    """(down, up) per micro-batch, in order: the gradient in its accumulation dtype, carried across
+    micro-batches on the host and copied up, added and copied back down from backward's hooks (under
+    ZeRO-1/2 per element of every parameter that touches the partition, whole)."""
+    gradient_down: float
+    """The fp32 gradient copied down in the last micro-batch's hooks (converted on the GPU)."""
+    parameter_up: float = 0.0
+    """The updated 16-bit partition copied up after the CPU step (converted on the host)."""
+    parameter_down: float = 0.0
+    """Parameter offload alone: the 16-bit partition copied down from the GPU's fp32 step."""
+    gather_up: float = 0.0
+    """Parameter offload: the 16-bit partition copied up by one gather pass over the stage."""
+    gather_passes: float = 0.0
+    """Gather passes per micro-batch (forward, backward, and the recompute's forward)."""
+
+    @property
+    def down_bytes(self) -> float:
+        return sum(d for d, _ in self.accumulate) + self.gradient_down + self.parameter_down
+
+    def up_bytes(self, *, num_micro_batches: int) -> float:
+        return (sum(u for _, u in self.accumulate) + self.parameter_up
+                + num_micro_batches * self.gather_passes * self.gather_up)
+
+
+def offload_traffic(*, zero_stage: int, precision: str, num_micro_batches: int, offload_optimizer: bool,
+                    offload_params: bool = False, gather_passes: float = 2.0,
+                    grad_accum_bytes: int | None = None) -> OffloadTraffic:
+    """Host-link bytes per partition element and step under ZeRO offload, as DeepSpeed 0.19.8 moves
+    them (``w``: the 16-bit/model dtype's bytes; ``a``: the gradient accumulation dtype's,
+    ``data_types.grad_accum_dtype``, the model dtype unless set; m micro-batches). Counted on a real
+    engine by ``tests/offload_traffic_ranks.py`` (every ``copy_``/``.to`` touching a host buffer):
+
+    - **ZeRO-1** (optimizer offload): the gradient accumulates on the GPU and is reduced once, at the
+      boundary; ``copy_grads_in_partition`` (stage_1_and_2.py:2161-2176) sends the partition's fp32
+      gradient down (``async_inplace_copy_grad_to_fp32_buffer_from_gpu``, :1902-1909, ``.to(fp32)``
+      on the GPU): 4 down; the step converts the fp32 partition to 16 bits on the host
+      (:3095) and copies it up (:3096): w up. Whatever m.
+    - **ZeRO-2**: the same at m = 1. With m > 1 every micro-batch's hook also keeps the gradient on
+      the host in the model dtype (``async_accumulate_grad_in_cpu_via_gpu``, :1809-1858, a whole
+      ``param.numel()`` buffer per parameter touching the partition): micro-batch 0 copies it down
+      (:1846), every later one copies it up (:1833), adds, and copies it down again, the last one
+      too (:2166 ``micro_step_id > 0``): m a down and (m - 1) a up, then the 4 and the w above.
+      With ``grad_accum_dtype: fp32`` on 16-bit weights the gradients accumulate in an fp32
+      partition buffer on the GPU instead (``_use_compact_grad_partition_buffer``, :1259-1266;
+      :2145-2159 copies it down at the boundary only): 4 down, w up, as ZeRO-1.
+    - **ZeRO-3** (``partition_grads``, stage3.py:2006-2054): the reduce-scattered partition goes to
+      the host gradient buffer (``grad_partitions_flat_buffer``, on the CPU under optimizer offload,
+      :791) every micro-batch: the first copies it down (:2025) and straight back up (:2028, to take
+      the norm on the GPU); each later one copies it up (:2034), adds, and copies it down (:2036);
+      the boundary then sends the fp32 gradient down (``_offload_grad_partition_at_boundary``,
+      :1457, converted on the GPU): m a + 4 down, m a up; after the CPU step the 16-bit partition on
+      the GPU is written from the host's fp32 one (``_reassign_or_swap_out_partitioned_parameters``,
+      :2858): w up (torch converts host -> device copies on the CPU, ``copy_kernel_cuda``). With
+      ``offload_param`` that partition lives on the host: no upload at the step, but every gather
+      copies the rank's partition up before the all-gather (partition_parameters.py:1396
+      ``ds_tensor.to(device)``): w per element per gather pass (forward, backward, and the
+      recompute's), every micro-batch. Parameter offload without optimizer offload keeps the
+      gradients on the GPU and copies the GPU's fp32 step result down: w.
+
+    fp16 moves the same bytes as bf16 (the same code paths); fp32 training has w = a = 4."""
+    if num_micro_batches < 1:
+        raise ValueError(f"num_micro_batches must be >= 1, got {num_micro_batches}")
+    w = mem.param_bytes(precision)
+    a = w if grad_accum_bytes is None else grad_accum_bytes
+    m = num_micro_batches
+    gather = dict(gather_up=float(w), gather_passes=gather_passes) if offload_params and zero_stage == 3 else {}
+    if not offload_optimizer:
+        return OffloadTraffic(accumulate=((0.0, 0.0),) * m, gradient_down=0.0,
+                              parameter_down=w if offload_params else 0.0, **gather)
+    if zero_stage == 3:
+        return OffloadTraffic(accumulate=((a, a),) * m, gradient_down=4.0,
+                              parameter_up=0.0 if offload_params else w, **gather)
+    if zero_stage == 2 and m > 1 and not (a == 4 and w != 4):
+        return OffloadTraffic(accumulate=((a, 0.0),) + ((a, a),) * (m - 1), gradient_down=4.0, parameter_up=w)
+    return OffloadTraffic(accumulate=((0.0, 0.0),) * m, gradient_down=4.0, parameter_up=w)
+
+
+def offload_link_seconds(*, traffic: OffloadTraffic, params: float, bucket_params: float, backward_seconds: float,
+                         forward_seconds: float, host_bytes_per_s: float) -> float:
+    """Exposed seconds of ``traffic`` (``offload_traffic``) for a partition of ``params`` elements
+    over a host link of ``host_bytes_per_s`` each way. PCIe is full duplex (each direction has its
+    own lanes, ``host_bytes_per_s`` is one direction's), so a micro-batch's copies take the larger
+    direction's bytes over the link. DeepSpeed issues the gradient copies from backward's hooks on
+    its side stream (stage_1_and_2.py:2238 ``reduction_stream`` under ``overlap_comm``; stage3.py:1671
+    ``reduce_and_partition_stream``): each micro-batch's hide behind its backward
+    (``backward_seconds``; pass 0 without ``overlap_comm``, where they run on the compute stream)
+    and what exceeds it is exposed, plus the last bucket's share, copied after
+    backward ends (``bucket_params`` of the partition). The parameter upload after the CPU step (or
+    the download under parameter offload alone) is exposed: the next forward, or ZeRO-1/2's all-gather,
+    waits for it. Parameter offload's gather uploads ride with the gathers: the forward pass's hide
+    behind the forward compute, the backward passes' are exposed, as ZeRO-3's backward gathers are
+    (``zero3_step_seconds``). Pinned host buffers are assumed (dstk renders ``pin_memory: true``;
+    DeepSpeed's default, pageable, makes each copy synchronous and exposes it)."""
+    link = host_bytes_per_s
+    m = len(traffic.accumulate)
+    exposed = 0.0
+    for i, (down, up) in enumerate(traffic.accumulate):
+        if i == m - 1:
+            down += traffic.gradient_down
+        exposed += max(0.0, max(down, up) * params / link - backward_seconds)
+    last_down = traffic.accumulate[-1][0] + traffic.gradient_down
+    exposed += last_down * min(bucket_params, params) / link
+    exposed += (traffic.parameter_up + traffic.parameter_down) * params / link
+    if traffic.gather_up:  # forward's pass behind the forward compute, backward's exposed
+        one_pass = traffic.gather_up * params / link
+        exposed += m * (max(0.0, one_pass - forward_seconds) + (traffic.gather_passes - 1) * one_pass)
+    return exposed
 
 
 def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "autotp",
@@ -1244,7 +1399,9 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
                                                       precision=training.precision)
     # The slowest stage sets the pace of every micro-batch (1F1B, Narayanan et al. 2021 §2.2).
     hp_grads = bf16_optimizer_in_pipeline(engine="megatron" if megatron else "deepspeed", pp=pp,
-                                          zero_stage=layout.zero_stage, precision=training.precision)
+                                          zero_stage=layout.zero_stage, precision=training.precision,
+                                          grad_accum_dtype=buffers.grad_accum_dtype,
+                                          offload_optimizer=layout.offload_optimizer)
     stage_fwd = stage_bwd = stage_tp = stage_tp_fwd = 0.0
     for i, n in enumerate(counts):
         ends = stage_params(f, layers=0, first=i == 0, last=i == pp - 1, tp=tp, pp=pp, tp_style=tp_style)
@@ -1253,7 +1410,8 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
         bwd += tm.memory_seconds(nbytes=accumulate * ends, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
         bwd += lora.stage_backward_seconds if lora is not None else 0.0  # LoRA: frozen embedding and head
         if hp_grads and lora is None:  # BF16_Optimizer under a DeepSpeed pipeline, every micro-batch
-            hp_bytes = bf16_pipe_grad_bytes_per_param(last=i == pp - 1, precision=training.precision)
+            hp_bytes = bf16_pipe_grad_bytes_per_param(last=i == pp - 1, precision=training.precision,
+                                                      grad_accum_dtype=buffers.grad_accum_dtype)
             bwd += tm.memory_seconds(nbytes=hp_bytes * stage_params(f, layers=n, first=i == 0, last=i == pp - 1,
                                                                     tp=tp, pp=pp, tp_style=tp_style),
                                      hbm_bytes_per_s=gpu.hbm_bytes_per_s)
@@ -1394,17 +1552,37 @@ def step_time(*, facts, layout, training, cluster, buffers, tp_style: str = "aut
     shard = worst_params / (dp if layout.zero_stage else 1)
     optimizer_seconds = 0.0
     if layout.offload_optimizer != "none" or layout.offload_params != "none":
-        # fp32 gradients down, bf16 parameters up over PCIe, and the CPU optimizer's update, all the
-        # node's ranks at once on its DRAM bandwidth (``dstk.hardware.host_optimizer_seconds``).
+        # The host link's copies as DeepSpeed issues them (``offload_traffic``: gradients down and
+        # back each micro-batch, fp32 gradients down, 16-bit parameters up), exposed where they
+        # outrun backward or follow the CPU step (``offload_link_seconds``), and the CPU optimizer's
+        # update, all the node's ranks at once on its DRAM bandwidth (``host_optimizer_seconds``).
         from dstk import hardware as hw
-        offload_seconds = (4 + w) * shard / gpu.host_bytes_per_s + hw.host_optimizer_seconds(
+        z3 = zero3 if dp > 1 and layout.zero_stage == 3 else None
+        passes = ((z3.forward_elements + z3.backward_elements) / max(z3.model_elements, 1.0) if z3 is not None
+                  else 1 + (2 if recompute == "full" else 1))
+        traffic = offload_traffic(zero_stage=layout.zero_stage, precision=training.precision, num_micro_batches=m,
+                                  offload_optimizer=layout.offload_optimizer != "none",
+                                  offload_params=layout.offload_params != "none", gather_passes=passes,
+                                  grad_accum_bytes=4 if mem.accumulates_in_fp32(buffers.grad_accum_dtype) else None)
+        # Without overlap_comm DeepSpeed copies on the compute stream (stage_1_and_2.py:2240-2245;
+        # stage3.py:340-341 makes the "side" stream the default one): nothing hides.
+        hides = buffers.overlaps(layout.zero_stage) and not gpu.is_cpu
+        link = offload_link_seconds(traffic=dataclasses.replace(traffic, gather_up=0.0), params=shard,
+                                    bucket_params=buffers.reduce_bucket_size / max(dp, 1),
+                                    backward_seconds=stage_bwd if hides else 0.0, forward_seconds=stage_fwd,
+                                    host_bytes_per_s=gpu.host_bytes_per_s)
+        if traffic.gather_up:  # LoRA: the frozen base is gathered too
+            link += offload_link_seconds(
+                traffic=OffloadTraffic(accumulate=((0.0, 0.0),) * m, gradient_down=0.0, gather_up=traffic.gather_up,
+                                       gather_passes=traffic.gather_passes),
+                params=gathered_bytes / w / (dp if layout.zero_stage else 1), bucket_params=0.0,
+                backward_seconds=stage_bwd, forward_seconds=stage_fwd, host_bytes_per_s=gpu.host_bytes_per_s)
+        offload_seconds = link + hw.host_optimizer_seconds(
             params_per_rank=shard, ranks_per_node=cluster.gpus_per_node,
             host_dram_bytes_per_s=cluster.host_dram_bytes_per_s,
             bytes_per_param=hw.host_optimizer_bytes_per_param(
                 optimizer=training.optimizer, precision=training.precision, zero_stage=layout.zero_stage,
                 gradient_clipping=training.grad_clip))
-        if layout.offload_params != "none":
-            offload_seconds += m * 2 * gathered_bytes / gpu.host_bytes_per_s  # LoRA: the frozen base too
     else:
         per_param = tm.optimizer_step_bytes_per_param(optimizer=training.optimizer, precision=training.precision)
         optimizer_seconds = tm.memory_seconds(nbytes=per_param * shard, hbm_bytes_per_s=gpu.hbm_bytes_per_s)
