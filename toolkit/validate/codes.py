@@ -56,6 +56,7 @@ CODES: dict[str, tuple[str, str]] = {
     'DS231': ('warning', '`pipeline.stages/partition/seed_layers`: never read from the config (PipelineModule arguments)'),
     'DS233': ('error', '`train_batch_size` under AutoTP (initialize checks it against all ranks, not the DP ranks)'),
     'DS234': ('warning', '`aio.use_gds` (asserts a CUDA accelerator at parse time)'),
+    'DS235': ('error', '`data_types.grad_accum_dtype` other than the model dtype without ZeRO (initialize raises)'),
     'DS240': ('error', 'an explicit value disagrees with `--training-args` (the Trainer\'s mismatch error at `deepspeed.initialize`)'),
     'DS241': ('warning', '`optimizer` / `scheduler` block replaces `--training-args`\' `optim` / `lr_scheduler_type`'),
     'DS242': ('warning', '`--hf --deepspeed`: an `"auto"` the Trainer fills from something not given (a training argument, the world size, the model\'s hidden size), so DeepSpeed checked the file without it'),

@@ -134,6 +134,12 @@ def _enabled(config, section) -> bool:
     return _get(config, section, "enabled", kind=bool) is True
 
 
+DTYPE_NAMES = {name: short for short, names in (
+    ("fp16", ("fp16", "float16", "half", "torch.float16")), ("fp32", ("fp32", "float32", "float", "torch.float32")),
+    ("bf16", ("bf16", "bfloat16", "torch.bfloat16")), ("int8", ("int8", "torch.int8"))) for name in names}
+"""DeepSpeed's ``DtypeEnum`` spellings (``runtime/config.py``) of each dtype, read by ``data_types``."""
+
+
 def _bf16_section(config) -> str:
     return "bf16" if "bf16" in config else "bfloat16"
 
@@ -393,6 +399,15 @@ def precision(config: dict, ctx: Context) -> Iterable[Finding]:
             yield _err("DS220", "/data_types/param_dtype", f"data_types.param_dtype is {param!r} but the precision "
                        f"flags say {have}: deepspeed.initialize rejects the mismatch",
                        f"set param_dtype to {have!r} or enable {want}")
+    accum = _get(config, "data_types", "grad_accum_dtype", kind=str)
+    if accum and stage == 0:
+        want = DTYPE_NAMES.get(accum)
+        have = "fp16" if _enabled(config, "fp16") else "bf16" if _enabled(config, bf) else "fp32"
+        if want is not None and want != have:
+            yield _err("DS235", "/data_types/grad_accum_dtype", f"data_types.grad_accum_dtype is {accum!r} but the model "
+                       f"trains in {have} without ZeRO: deepspeed.initialize raises NotImplementedError (\"unsupported "
+                       "mix of model_dtype and grad_accum_dtype\"); only ZeRO-1 sums bf16 gradients in fp32",
+                       f"set zero_optimization.stage to 1 (bf16 with fp32 sums), or remove grad_accum_dtype")
 
 
 def zero_rules(config: dict, ctx: Context) -> Iterable[Finding]:
