@@ -407,7 +407,7 @@ def precision(config: dict, ctx: Context) -> Iterable[Finding]:
             yield _err("DS235", "/data_types/grad_accum_dtype", f"data_types.grad_accum_dtype is {accum!r} but the model "
                        f"trains in {have} without ZeRO: deepspeed.initialize raises NotImplementedError (\"unsupported "
                        "mix of model_dtype and grad_accum_dtype\"); only ZeRO-1 sums bf16 gradients in fp32",
-                       f"set zero_optimization.stage to 1 (bf16 with fp32 sums), or remove grad_accum_dtype")
+                       "set zero_optimization.stage to 1 (bf16 with fp32 sums), or remove grad_accum_dtype")
 
 
 def zero_rules(config: dict, ctx: Context) -> Iterable[Finding]:
