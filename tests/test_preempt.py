@@ -158,13 +158,13 @@ def _argv(out: Path, model: Path, *extra: str) -> list[str]:
 
 
 def workers(out: Path) -> dict[int, int]:
-    """{rank: pid} of the run's ``dstk.train.worker`` processes (not their rank wrappers, whose command line
+    """{rank: pid} of the run's ``dstk.train.worker`` or ``dstk.train.hf_worker`` processes (not their rank wrappers, whose command line
     names the worker too)."""
     spec = str(out.resolve() / "finetune.json")
     found = {}
     for pid, cmd in cmdlines().items():
         args = cmd.split(" ")
-        if "dstk.train.worker" in args and spec in args and "dstk.launch.rank" not in args:
+        if ("dstk.train.worker" in args or "dstk.train.hf_worker" in args) and spec in args and "dstk.launch.rank" not in args:
             m = re.search(r"--local_rank=(\d+)", cmd)
             if m:
                 found[int(m.group(1))] = pid
@@ -302,6 +302,37 @@ def test_sigterm_to_one_rank_stops_both_at_the_same_step(hf_model, tmp_path):
     step = _saved(text, "SIGTERM")
     assert "after the signal reached rank 0" not in text, text[-4000:]  # rank 0 got no signal itself
     _check_checkpoint(out, step)
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(900)
+def test_the_hf_trainer_saves_on_sigterm_and_its_resume_finishes_with_each_step_once(hf_model, tmp_path):
+    """``--trainer hf``: the same stop through transformers' Trainer (``dstk.train.hf_worker._stopping``): SIGTERM
+    to dstk once step 20 printed, the Trainer's ``checkpoint-N`` of the step the ranks agreed on, complete
+    (``trainer_state.json``), rank 0's stop line, exit 143 and the resume command; ``--resume`` trains the rest
+    and the csv loss holds each step once under one header."""
+    out = tmp_path / "out"
+    rc, text = _stop_at(_argv(out, hf_model, "--trainer", "hf"), stop=lambda proc: proc.send_signal(signal.SIGTERM),
+                        out=out)
+    assert rc == 143, text[-4000:]
+    m = re.search(rf"\[rank 0\] dstk: SIGTERM reached the ranks: saved the checkpoint of step (\d+) of {STEPS} "
+                  rf"\((.+?)\); the save took ([\d.]+) s", text)
+    assert m and m.group(2).endswith(f"checkpoints/checkpoint-{m.group(1)}"), text[-4000:]
+    step = int(m.group(1))
+    print(f"hf trainer: saved step {step}, the save took {m.group(3)} s")
+    assert step >= STOP_AT and ckpt.newest_hf_trainer(out / "checkpoints") == step
+    assert (f"the newest complete checkpoint is step {step} of {STEPS} ({out}/checkpoints/checkpoint-{step}); "
+            f"`dstk finetune --resume --output {out}` goes on from step {step + 1}") in text, text[-4000:]
+    assert "the last 20 lines" not in text and "Traceback" not in text, text[-4000:]
+    assert not (out / "summary.json").exists()
+
+    resumed = subprocess.run([sys.executable, "-m", "dstk.cli", "finetune", "--output", str(out), "--resume"],
+                             capture_output=True, text=True, env=_env(), cwd=ROOT, timeout=600)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trainer"] == "hf" and summary["steps"] == STEPS
+    headers, steps = _rows(out / "logs" / "csv" / "Train_loss.csv")
+    assert len(headers) == 1 and steps == list(range(1, STEPS + 1)), (headers, steps[:5], steps[-5:])
 
 
 # --- a real Slurm job (a single-node slurmctld/slurmd, tests/services.py) ----------------------------------------

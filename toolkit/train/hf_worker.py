@@ -74,7 +74,53 @@ def _reporting(spec: TrainSpec, *, tokens_per_step: int):
     return Reporting()
 
 
+def _stopping(stop, *, spec: TrainSpec):
+    """A ``TrainerCallback`` that acts on a stop signal as the native loop does (``dstk.train.worker``): after
+    every optimizer step the ranks agree on it (``agree_stop``, one all-reduce), and once any rank got one,
+    the Trainer saves its checkpoint of that step (``checkpoint-N``) and stops; ``main`` then says the step
+    and the save time (``stop_line``) and exits 128 + the signal. On a resume, rank 0 trims DeepSpeed's csv
+    files to the checkpoint's step before the first step (``continue_csv_monitor``)."""
+    import time
+
+    from transformers import TrainerCallback
+
+    from dstk.train.worker import agree_stop
+
+    class Stopping(TrainerCallback):
+        def __init__(self):
+            self.trainer = None
+            self.signum, self.step, self.began, self.save_seconds = 0, 0, 0.0, 0.0
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            engine = getattr(self.trainer, "model_wrapped", None)
+            if spec.resume and state.global_step and state.is_world_process_zero and engine is not None:
+                from dstk.train.logs import continue_csv_monitor
+
+                continue_csv_monitor(getattr(engine, "monitor", None), last_step=state.global_step,
+                                     last_samples=int(getattr(engine, "global_samples", 0)))
+
+        def on_step_end(self, args, state, control, **kwargs):
+            signum = agree_stop(stop.signum)
+            if signum and not self.signum:
+                self.signum, self.step, self.began = signum, state.global_step, time.perf_counter()
+                control.should_save = True  # the Trainer saves right after this callback, then stops
+                control.should_training_stop = True
+
+        def on_save(self, args, state, control, **kwargs):
+            if self.signum:
+                self.save_seconds = time.perf_counter() - self.began
+
+    return Stopping()
+
+
 def main(argv: list[str]) -> int:
+    import time
+
+    from dstk.train.worker import StopRequest, stop_line
+
+    # Before anything slow: a stop signal from here on saves at the end of a step instead of killing the rank.
+    stop = StopRequest()
+    stop.install()
     import torch
     from transformers import AutoTokenizer, Trainer, TrainingArguments
 
@@ -128,12 +174,24 @@ def main(argv: list[str]) -> int:
 
     reporting = _reporting(spec, tokens_per_step=args.per_device_train_batch_size * args.gradient_accumulation_steps
                            * (spec.world_size // spec.tp) * train.shape[1])
+    stopping = _stopping(stop, spec=spec)
     trainer = Trainer(model=model, args=args, train_dataset=_Blocks(train),
-                      eval_dataset=_Blocks(evals) if evals is not None else None, callbacks=[reporting])
-    reporting.trainer = trainer
+                      eval_dataset=_Blocks(evals) if evals is not None else None, callbacks=[reporting, stopping])
+    reporting.trainer = stopping.trainer = trainer
     trainer.remove_callback(PrinterCallback)  # its dict per log: the progress records say the same
-    has_ckpt = any((out / "checkpoints").glob("checkpoint-*"))
-    trainer.train(resume_from_checkpoint=bool(spec.resume and has_ckpt))
+    from dstk.train.checkpoint import newest_hf_trainer
+
+    # The newest checkpoint the Trainer finished writing (resume_from_checkpoint=True would take the newest
+    # folder, even one a kill cut short).
+    done = newest_hf_trainer(out / "checkpoints") if spec.resume else None
+    trainer.train(resume_from_checkpoint=None if done is None else str(out / "checkpoints" / f"checkpoint-{done}"))
+    if stopping.signum:
+        if trainer.is_world_process_zero():
+            since = None if stop.monotonic_seconds is None else time.monotonic() - stop.monotonic_seconds
+            print(stop_line(signum=stopping.signum, step=stopping.step, num_steps=spec.num_steps,
+                            checkpoint=str(out / "checkpoints" / f"checkpoint-{stopping.step}"),
+                            save_seconds=stopping.save_seconds, since_signal_seconds=since), flush=True)
+        return 128 + stopping.signum  # not 0: the run did not finish (dstk.train.logs.RunSink.saved_on_signal)
     metrics = trainer.evaluate() if evals is not None else {}
     trainer.save_model(str(out / "model"))
     if trainer.is_world_process_zero():
