@@ -198,6 +198,26 @@ def test_some_layers_sliding_price_the_weighted_mean():
         saved_activation_bytes(model=base, micro_batch=1, seq_len=4095)
 
 
+def test_megatron_prices_the_window_its_fused_kernel_skips():
+    """Mistral-7B-v0.1 (window 4096) at 16384 tokens on A100: Megatron's kernels (``fused``) get the window
+    (``--window-size 4095,0``) and skip the blocks left of it, so their attention is the full causal one
+    times ``window_share``, under sdpa or flash alike; HF's SDPA gets a mask and computes every block."""
+    base = get_model("mistral-7b")
+    assert base.sliding_window == 4096
+    full = dataclasses.replace(base, sliding_window=None)
+    kw = dict(tokens=16384, seq_len=16384, tp=1, sp=1, act_bytes=2, gpu=A100, peak_flops=A100.peak_flops("bf16"))
+    share = st.window_share(seq_len=16384, window=4096)
+    assert 0.4 < share < 0.5
+    for attention in ("sdpa", "flash"):
+        windowed = st.layer_seconds(facts=_model_facts(base), attention=attention, fused=True, **kw)
+        causal = st.layer_seconds(facts=_model_facts(full), attention=attention, fused=True, **kw)
+        assert windowed.attention == pytest.approx(share * causal.attention), attention
+        assert windowed.gemm == causal.gemm
+    hf_sdpa = st.layer_seconds(facts=_model_facts(base), attention="sdpa", fused=False, **kw)
+    hf_causal = st.layer_seconds(facts=_model_facts(full), attention="sdpa", fused=False, **kw)
+    assert hf_sdpa.attention > hf_causal.attention  # the masked kernel: every block, at its lower rate
+
+
 def test_each_pipeline_stage_keeps_the_masks_of_its_own_sliding_layers():
     base = get_model("qwen2.5-7b")
     late = dataclasses.replace(base, sliding_window=4096, sliding_layers=tuple(range(20, 28)))

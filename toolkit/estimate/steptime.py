@@ -256,7 +256,9 @@ def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_byt
         weight_grads += weight_grad
     score_flops = 4.0 * tokens * seq_len * q / tp
     scores = tokens * seq_len * (shape.heads / tp)
-    masked = attention == "sdpa" and sdpa_gets_mask(facts, seq_len=seq_len)
+    # HF's layer code hands SDPA a mask; Megatron (``fused``) passes the window to its fused kernel instead
+    # (``--window-size``, TransformerEngine's and FlashAttention's ``window_size``), which skips the blocks.
+    masked = attention == "sdpa" and not fused and sdpa_gets_mask(facts, seq_len=seq_len)
     if uses_flash(attention=attention, gpu=gpu) and masked:
         # Every score block computed (no causal skip): the full 4 T s q at the masked kernel's rate.
         attn = score_flops / (peak_flops * gpu.attention_fraction(kernel="sdpa_masked", seq_len=seq_len,
@@ -266,7 +268,7 @@ def layer_seconds(*, facts, tokens: int, seq_len: int, tp: int, sp: int, act_byt
         attn = tm.flash_attention_forward_seconds(tokens=tokens, seq_len=seq_len, q_width=q / tp, peak_flops=peak_flops,
                                                   fraction=gpu.attention_fraction(kernel=attention, seq_len=seq_len,
                                                                                   head_dim=facts.head_dim))
-        if attention == "flash" and not fused:  # HF passes sliding_window to flash_attn's window_size
+        if attention == "flash" or fused:  # HF passes sliding_window to flash_attn's window_size; Megatron too
             attn *= window_share(seq_len=seq_len, window=getattr(facts, "sliding_window", None))
         scores_memory = backward_scores = 0.0
     else:
