@@ -305,6 +305,27 @@ def test_sigterm_to_one_rank_stops_both_at_the_same_step(hf_model, tmp_path):
 
 
 @pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_a_pipeline_stops_both_stages_at_the_same_step_when_one_stage_gets_sigterm(hf_model, tmp_path):
+    """pp=2 (DeepSpeed's pipeline engine, one stage per rank): SIGTERM to the last stage's rank alone; the
+    first stage learns it through the same all-reduce after ``train_batch``, both stages save that step (each
+    its own layers and optimizer partition) and exit 143 with the resume command."""
+    out = tmp_path / "out"
+    argv = _argv(out, hf_model, "--pp", "2")
+    i = argv.index("--zero")
+    del argv[i:i + 2]  # ZeRO-2 cannot run under a pipeline: the plan's own stage
+    rc, text = _stop_at(argv, out=out, stop=lambda proc: os.kill(workers(out)[1], signal.SIGTERM))
+    assert rc == 143, text[-4000:]
+    step = _saved(text, "SIGTERM")
+    root = out / "checkpoints"
+    assert ckpt.newest_complete(root) == (step, ckpt.tag_for(step)) and not list(root.glob(".tmp-*"))
+    tag = root / ckpt.tag_for(step)
+    assert {p.name for p in tag.glob("dstk_rng_rank*.pt")} == {"dstk_rng_rank0.pt", "dstk_rng_rank1.pt"}
+    assert len(list(tag.glob("layer_*-model_states.pt"))) >= 2, sorted(p.name for p in tag.iterdir())
+    assert f"goes on from step {step + 1}" in text and "the last 20 lines" not in text, text[-4000:]
+
+
+@pytest.mark.distributed
 @pytest.mark.timeout(900)
 def test_the_hf_trainer_saves_on_sigterm_and_its_resume_finishes_with_each_step_once(hf_model, tmp_path):
     """``--trainer hf``: the same stop through transformers' Trainer (``dstk.train.hf_worker._stopping``): SIGTERM
