@@ -300,17 +300,47 @@ def test_upgrade_uses_the_target_release_s_tables(tmp_path, capsys):
     assert main(["upgrade", str(path), "--deepspeed-version", "0.9.0"]) == 2
 
 
+SDIST_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "dstk" / "deepspeed-sdists"
+
+
+def _sdist(version: str) -> tuple[pathlib.Path | None, str]:
+    """The unpacked source of DeepSpeed ``version``: under ``DSTK_DEEPSPEED_SDISTS`` when set, else fetched once
+    with pip (``pip download --no-binary :all:``, from the index pip is configured with) and unpacked into
+    ``SDIST_CACHE``. (None, why) when neither works: no index, no network."""
+    import tarfile
+
+    sdists = os.environ.get("DSTK_DEEPSPEED_SDISTS")
+    root = pathlib.Path(sdists) if sdists else SDIST_CACHE
+    src = root / f"deepspeed-{version}"
+    if (src / "deepspeed" / "__init__.py").is_file():
+        return src, ""
+    if sdists:
+        return None, f"DSTK_DEEPSPEED_SDISTS={sdists} holds no deepspeed-{version}/"
+    root.mkdir(parents=True, exist_ok=True)
+    got = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
+                          f"deepspeed=={version}", "--dest", str(root)], capture_output=True, text=True, timeout=300)
+    archive = root / f"deepspeed-{version}.tar.gz"
+    if got.returncode != 0 or not archive.is_file():
+        return None, (f"pip could not fetch the deepspeed {version} sdist ({got.stderr.strip().splitlines()[-1:]}); "
+                      f"set DSTK_DEEPSPEED_SDISTS to a folder holding deepspeed-{version}/")
+    with tarfile.open(archive) as tar:
+        try:
+            tar.extractall(root, filter="data")
+        except TypeError:  # a Python without extraction filters (before 3.11.4)
+            tar.extractall(root)
+    return (src, "") if (src / "deepspeed" / "__init__.py").is_file() else (None, f"{archive} holds no deepspeed/")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("minor", [m for m in SHIPPED if m != versions.NEWEST])
 def test_an_old_release_s_schema_is_what_the_generator_writes_from_it(minor, tmp_path):
-    """Regenerates from the unpacked sdist (``DSTK_DEEPSPEED_SDISTS=DIR`` holding ``deepspeed-0.14.5/`` etc.;
-    docs/validate.md says how to fetch them) and compares with the shipped file. Skipped without it: the sdists
-    are not in the repository (only the generated schemas are). The newest is checked against the installed
-    deepspeed by tests/test_schema_drift.py."""
-    sdists = os.environ.get("DSTK_DEEPSPEED_SDISTS")
-    src = pathlib.Path(sdists or "/nonexistent") / f"deepspeed-{SHIPPED[minor]}"
-    if not (src / "deepspeed" / "__init__.py").is_file():
-        pytest.skip(f"set DSTK_DEEPSPEED_SDISTS to a folder holding deepspeed-{SHIPPED[minor]}/")
+    """Regenerates from that release's sdist (``DSTK_DEEPSPEED_SDISTS=DIR`` holding ``deepspeed-0.14.5/`` etc.,
+    else fetched with pip into ``SDIST_CACHE``; docs/validate.md) and compares with the shipped file: the sdists
+    are not in the repository (only the generated schemas are). Skipped, with the reason, when it cannot be
+    had. The newest is checked against the installed deepspeed by tests/test_schema_drift.py."""
+    src, why = _sdist(SHIPPED[minor])
+    if src is None:
+        pytest.skip(why)
     out = tmp_path / "schema.json"
     subprocess.run([sys.executable, "-m", "dstk.validate.schema_gen", str(out), "--deepspeed-src", str(src),
                     "--version", SHIPPED[minor]], check=True, capture_output=True, timeout=600)
