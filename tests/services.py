@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge", "pdsh", "openssh-server", "openssh-client")
+BROWSER_PACKAGES = ("chromium",)
+"""For tests/test_explain_html.py: headless Chromium renders ``dstk explain --html`` (22 s to install here)."""
 SLURM_BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scontrol")
 SSH_BINARIES = ("sshd", "ssh", "ssh-keygen", "pdsh")
 SBIN = ("/usr/sbin", "/sbin")
@@ -53,18 +55,19 @@ def which(name: str) -> str | None:
     return shutil.which(name) or next((f"{d}/{name}" for d in SBIN if os.access(f"{d}/{name}", os.X_OK)), None)
 
 
-def install(binaries: tuple[str, ...] = SLURM_BINARIES + SSH_BINARIES, *, timeout_seconds: float = 900) -> None:
-    """apt-get the packages when a binary is missing (root only); raise ``Unavailable`` otherwise."""
+def install(binaries: tuple[str, ...] = SLURM_BINARIES + SSH_BINARIES, *, timeout_seconds: float = 900,
+            packages: tuple[str, ...] = PACKAGES) -> None:
+    """apt-get ``packages`` when a binary is missing (root only); raise ``Unavailable`` otherwise."""
     missing = [b for b in binaries if which(b) is None]
     if not missing:
         return
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
         raise Unavailable(f"{', '.join(missing)} not installed, and apt-get as root is not available to install "
-                          f"{' '.join(PACKAGES)}")
+                          f"{' '.join(packages)}")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     deadline = time.monotonic() + timeout_seconds
     for argv in (["apt-get", "update", "-q"],
-                 ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]):
+                 ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]):
         try:
             done = subprocess.run(argv, env=env, capture_output=True, text=True,
                                   timeout=max(1.0, deadline - time.monotonic()))
@@ -74,7 +77,7 @@ def install(binaries: tuple[str, ...] = SLURM_BINARIES + SSH_BINARIES, *, timeou
             raise Unavailable(f"`{' '.join(argv)}` failed ({done.returncode}): {done.stderr.strip()[-500:]}")
     still = [b for b in binaries if which(b) is None]
     if still:
-        raise Unavailable(f"{', '.join(still)} still missing after installing {' '.join(PACKAGES)}")
+        raise Unavailable(f"{', '.join(still)} still missing after installing {' '.join(packages)}")
 
 
 def free_port() -> int:
@@ -440,3 +443,10 @@ if __name__ == "__main__":
         print(f"services: not installed ({exc}); the Slurm and pdsh tests will skip", file=sys.stderr)
     else:
         print("services: slurm, munge, pdsh and sshd are installed")
+    try:  # apart, so that a machine without a chromium package still gets Slurm and sshd
+        install(("chromium",), packages=BROWSER_PACKAGES)
+    except Unavailable as exc:
+        print(f"services: chromium not installed ({exc}); the browser tests of explain --html will skip",
+              file=sys.stderr)
+    else:
+        print("services: chromium is installed")
