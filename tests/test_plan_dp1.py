@@ -10,6 +10,7 @@ on memory. Pure planning, no torch."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from dstk import plan as planner
@@ -96,6 +97,8 @@ def test_a_bf16_pipeline_over_one_rank_takes_zero1_for_fp32_sums_and_says_so():
     line = next(w for w in best.why if "over one data-parallel rank" in w)
     assert "sums the micro-batches' gradients in fp32" in line and "pin --zero 0" in line
     assert "wins on headroom only" not in line
+    assert re.search(r"\(ZeRO-0 at the same layout: [\d.]+ GiB of [\d.]+ GiB usable, [\d.]+ s/step against [\d.]+\)$",
+                     line), line
     pinned = _plan(pp=2, zero_stage=0).plans[0]
     assert (pinned.layout.pp, pinned.layout.zero_stage) == (2, 0)
 

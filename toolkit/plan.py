@@ -539,9 +539,12 @@ def dp1_zero_line(layout: Layout, *, twin_bytes: int | None, usable_bytes: int, 
     if twin is not None and twin_bytes > usable_bytes:
         return f"{line}: it is kept for memory ({twin}){pins}"
     if fp32_sums:
+        cost = (f", {twin_step_seconds:.3g} s/step against {step_seconds:.3g}"
+                if twin_step_seconds is not None and step_seconds else "")
+        needs = f"{gib(twin_bytes)} of {gib(usable_bytes)} usable" if twin_bytes is not None else ""
         return (f"{line}; it is what sums the micro-batches' gradients in fp32 (data_types.grad_accum_dtype: "
                 f"fp32): DeepSpeed's ZeRO-0 pipeline would sum them in bf16; pin --zero 0 to accept that"
-                + (f" ({twin})" if twin else ""))
+                + (f" (ZeRO-0 at the same layout: {needs}{cost})" if needs else ""))
     line += " and still runs its hooks and copies (the estimate prices them on CPU ranks only)"
     if (not zero_pinned and twin_step_seconds is not None and step_seconds
             and twin_step_seconds > 1.005 * step_seconds):
