@@ -34,6 +34,33 @@ def clean_env(**extra: str) -> dict[str, str]:
     return {**{k: v for k, v in os.environ.items() if k not in RANK_IDENTITY}, **extra}
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+def save_tiny_hf_model(root: Path) -> Path:
+    """A tiny Llama saved with save_pretrained under ``root/model``, with a tokenizer of its own trained on the
+    shipped corpus: what a user's ``--model HF_DIR`` is. Returns that directory."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from dstk.train.tokenizer import train_tokenizer
+
+    corpus = REPO / "templates" / "corpus" / "harbour-notes.txt"
+    tok = train_tokenizer(corpus.read_text().splitlines(), vocab_size=512, output_dir=root / "tok")
+    cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    LlamaForCausalLM(cfg).save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    return root / "model"
+
+
+def run_env() -> dict[str, str]:
+    """The environment of a ``python -m dstk.cli`` run a test starts: this one without a terminal size (the
+    progress line then logs as in a pipe), with the checkout first on PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
 @pytest.fixture(scope="module")
 def python(tmp_path_factory) -> str:
     """This venv under a path of the test's own: ``ROOT/bin/python`` next to a copy of its pyvenv.cfg, with

@@ -240,36 +240,16 @@ def test_lora_frozen_first_layer_saves_no_mask_as_peft_measures():
     layer's attention needs no gradient, so it keeps neither K/V repeated nor the mask; the rest do.
     ``saved_tensors_hooks`` over the peft-wrapped bf16 model against the estimator, to the byte (the
     4-byte loss scalar)."""
-    import torch
-    import transformers
+    from test_estimate_lora import peft_saved_bytes
 
     from dstk.models import family_module
-    from dstk.train import lora as peft_lora
-    from dstk.train.lora import resolve_targets
 
     lora, micro, seq = Lora(rank=4, alpha=8, targets="o,down"), 2, 64
     keys = dict(model_type="mistral", hidden_size=256, num_hidden_layers=3, num_attention_heads=8,
                 num_key_value_heads=4, intermediate_size=512, vocab_size=512, max_position_embeddings=256,
                 sliding_window=32, tie_word_embeddings=False)
     spec = family_module("mistral").read(dict(keys), name="tiny-mistral")
-    config = transformers.AutoConfig.for_model(keys.pop("model_type"), **keys)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    settings = peft_lora.LoraSettings(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
-                                      targets=resolve_targets(family="mistral", targets=lora.targets))
-    model = peft_lora.apply(model, settings).to(torch.bfloat16)
-    model.train()
-    ids = torch.randint(0, 512, (micro, seq))
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(input_ids=ids, labels=ids).loss
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    measured = sum(n for ptr, n in seen.items() if ptr not in params)
+    measured = peft_saved_bytes(keys, lora=lora, family="mistral", micro=micro, seq_len=seq)
 
     from dstk.estimate import _shape_at
 

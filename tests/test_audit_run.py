@@ -37,7 +37,7 @@ import pytest
 from dstk.cli import main
 from dstk.train import checkpoint as ckpt
 from dstk.train.logs import RunSink
-from tests.launch_support import hangup_default
+from tests.launch_support import hangup_default, run_env, save_tiny_hf_model
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "templates" / "corpus" / "harbour-notes.txt"
@@ -170,23 +170,11 @@ def test_finetune_model_config_is_the_runs_model_source_only_where_nothing_else_
 @pytest.fixture(scope="module")
 def hf_model(tmp_path_factory) -> Path:
     """A tiny Llama saved with save_pretrained, with a tokenizer of its own: what a user's --model HF_DIR is."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from dstk.train.tokenizer import train_tokenizer
-
-    root = tmp_path_factory.mktemp("hf-model")
-    tok = train_tokenizer(CORPUS.read_text().splitlines(), vocab_size=512, output_dir=root / "tok")
-    cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    LlamaForCausalLM(cfg).save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
-    return root / "model"
+    return save_tiny_hf_model(tmp_path_factory.mktemp("hf-model"))
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+    return run_env()
 
 
 def _stop_at(argv: list[str], *, step: int, stop) -> tuple[int, str]:

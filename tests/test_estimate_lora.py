@@ -135,26 +135,24 @@ def test_reduce_bucket_is_not_capped_by_the_adapters_but_dstk_caps_its_own():
 
 # --- activations: what a real peft forward saves ----------------------------------------------
 
-@pytest.mark.parametrize("lora", [ALL, Lora(rank=8, alpha=16.0, targets="q,v"),
-                                  Lora(rank=4, alpha=8, targets="o,down")], ids=["all-linear", "q,v", "o,down"])
-def test_activations_equal_what_peft_saves(lora):
-    """``saved_tensors_hooks`` over a bf16 Llama wrapped by peft (as the ranks build it: adapters
-    added in fp32, then the whole module cast) against the estimator's activations: equal to the
-    byte up to the 4-byte loss scalar."""
+def peft_saved_bytes(cfg: dict, *, lora: Lora, family: str, micro: int, seq_len: int) -> int:
+    """Bytes one forward of the HF config ``cfg`` (``model_type`` and its keys), wrapped by peft as the ranks
+    build it (adapters added in fp32, then the whole module cast to bf16), saves for backward: unique storages
+    through ``saved_tensors_hooks``, parameters excluded."""
     import torch
     import transformers
 
     from dstk.train import lora as peft_lora
 
-    keys = dict(MID)
+    keys = dict(cfg)
     config = transformers.AutoConfig.for_model(keys.pop("model_type"), **keys)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     settings = peft_lora.LoraSettings(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout,
-                                      targets=resolve_targets(family="llama", targets=lora.targets))
+                                      targets=resolve_targets(family=family, targets=lora.targets))
     model = peft_lora.apply(model, settings).to(torch.bfloat16)
     model.train()
-    ids = torch.randint(0, MID["vocab_size"], (MICRO, SEQ))
+    ids = torch.randint(0, keys["vocab_size"], (micro, seq_len))
     seen: dict[int, int] = {}
 
     def pack(t):
@@ -164,7 +162,16 @@ def test_activations_equal_what_peft_saves(lora):
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(input_ids=ids, labels=ids).loss
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    measured = sum(n for ptr, n in seen.items() if ptr not in params)
+    return sum(n for ptr, n in seen.items() if ptr not in params)
+
+
+@pytest.mark.parametrize("lora", [ALL, Lora(rank=8, alpha=16.0, targets="q,v"),
+                                  Lora(rank=4, alpha=8, targets="o,down")], ids=["all-linear", "q,v", "o,down"])
+def test_activations_equal_what_peft_saves(lora):
+    """``saved_tensors_hooks`` over a bf16 Llama wrapped by peft (as the ranks build it: adapters
+    added in fp32, then the whole module cast) against the estimator's activations: equal to the
+    byte up to the 4-byte loss scalar."""
+    measured = peft_saved_bytes(MID, lora=lora, family="llama", micro=MICRO, seq_len=SEQ)
     spec = spec_of(MID)
     full = saved_activation_bytes(model=spec, micro_batch=MICRO, seq_len=SEQ, cpu=True)
     lf = lora_est.lora_facts(model=spec, lora=lora)

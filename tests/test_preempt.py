@@ -32,7 +32,7 @@ import pytest
 from dstk.train import checkpoint as ckpt
 from dstk.train.logs import RunSink, trim_csv_metrics
 from dstk.train.worker import StopRequest, stop_line
-from tests.launch_support import cmdlines, hangup_default
+from tests.launch_support import cmdlines, hangup_default, run_env, save_tiny_hf_model
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "templates" / "corpus" / "harbour-notes.txt"
@@ -133,23 +133,11 @@ def test_a_slurm_node_keeps_sigusr1_from_all_but_the_ranks():
 @pytest.fixture(scope="module")
 def hf_model(tmp_path_factory) -> Path:
     """A tiny Llama saved with save_pretrained, with a tokenizer of its own."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from dstk.train.tokenizer import train_tokenizer
-
-    root = tmp_path_factory.mktemp("hf-model")
-    tok = train_tokenizer(CORPUS.read_text().splitlines(), vocab_size=512, output_dir=root / "tok")
-    cfg = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    LlamaForCausalLM(cfg).save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
-    return root / "model"
+    return save_tiny_hf_model(tmp_path_factory.mktemp("hf-model"))
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
+    return run_env()
 
 
 def _argv(out: Path, model: Path, *extra: str) -> list[str]:
