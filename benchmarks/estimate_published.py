@@ -1,6 +1,7 @@
 """The step-time model against published runs, with the estimator called as the planner calls it.
 
     .venv/bin/python benchmarks/estimate_published.py
+    .venv/bin/python benchmarks/estimate_published.py --zero3-candidates   # mechanisms not applied
 
 Two tables, each row: the predicted figure, the published one, the error; then mean and worst
 absolute error per table (goal: mean <= 5%, worst <= 8%). Nothing here is fitted to these rows:
@@ -425,7 +426,63 @@ def summary(rows: list[Row]) -> tuple[float, float]:
     return sum(errors) / len(errors), max(errors)
 
 
+ZERO3_LAYER_TENSORS = 12
+"""Parameter tensors of one GPT layer (QKV, attention output, MLP in and out: a weight and a bias
+each; two LayerNorms: a weight and a bias each), each its own gather under DeepSpeed 2021."""
+
+
+def zero3_candidates() -> list[tuple[str, list[float]]]:
+    """Errors of Table 2's six ZeRO-3 rows under two sourced mechanisms the model does not apply
+    (docs/estimate.md, "Against published runs"): recomputes each row's micro-batch from the inputs
+    ``zero3_step_seconds`` receives (forward and backward compute, one gather pass ``G``, the
+    reduce-scatter ``R``), as ``max(K_f, G) + max(K_b, R) + (2 - keep) G`` with
+    ``per_rank`` seconds per rank and tensor call added to ``G`` and ``R``:
+
+    - ``keep = 1/3``: DeepSpeed 2021's ``_keep_for_later`` keeps a module reused within
+      ``stage3_max_reuse_distance`` (1e9 elements), the layer's last (``dense_4h_to_h``, 4h^2 of
+      12h^2) from its recompute to its backward;
+    - ``per_rank``: PyTorch 1.8's list ``all_gather``/``reduce_scatter`` copy one tensor per rank."""
+    from dstk.estimate import steptime
+
+    seen: list[dict] = []
+    original = steptime.zero3_step_seconds
+
+    def record(**kw):
+        seen.append(kw)
+        return original(**kw)
+
+    steptime.zero3_step_seconds = record
+    try:
+        rows = [r for r in NARAYANAN if r[0] == "ZeRO-3"]
+        base = []
+        for r in rows:
+            seen.clear()
+            base.append((narayanan_rows([r])[0], dict(seen[-1]), NARAYANAN_MODELS[r[1]][2], r[2]))
+    finally:
+        steptime.zero3_step_seconds = original
+    out = []
+    for keep, per_rank in ((0.0, 0.0), (1 / 3, 0.0), (0.0, 1e-6), (1 / 3, 1e-6)):
+        errors = []
+        for row, k, layers, ranks in base:
+            f, b, g, rs = (k["forward_seconds"], k["backward_seconds"], k["gather_seconds"],
+                           k["reduce_scatter_seconds"])
+            now = max(f, g) + max(b, rs) + 2 * g
+            extra = ZERO3_LAYER_TENSORS * layers * ranks * per_rank
+            then = max(f, g + extra) + max(b, rs + extra) + (2 - keep) * (g + extra)
+            errors.append(row.predicted * now / then / row.published - 1)
+        out.append((f"keep {keep:.2f}, {per_rank * 1e6:.0f} us per rank and call", errors))
+    return out
+
+
 def main() -> None:
+    import sys
+
+    if "--zero3-candidates" in sys.argv[1:]:
+        print("Narayanan 2021 Table 2, ZeRO-3 rows (175B 384/768/1536, 530B 640/1120/2240): errors")
+        for label, errors in zero3_candidates():
+            print(f"  {label:<38} " + " ".join(f"{e:+6.1%}" for e in errors)
+                  + f"   worst {max(abs(e) for e in errors):.1%}")
+        return
     for rows in (korthikanti_rows(), narayanan_rows(), korthikanti_layer_rows(), narayanan_interleaved_rows(),
                  mosaic_rows(), fsdp_blog_rows(), megatron_v100_rows()):
         print(f"{rows[0].table}")
