@@ -175,7 +175,7 @@ if rank == "1":
 time.sleep(float(os.environ["DSTK_TEST_WAIT_SECONDS"]))
 print("rank 0 waited it out", flush=True)
 """
-WAIT_SECONDS = 90
+WAIT_SECONDS = 60
 """How long rank 0 waits after rank 1 failed (as a rank blind to a dead peer waits for its collective's timeout)."""
 STEP_STOP_SECONDS = 45
 """The step must end this soon after rank 1 failed with --kill-on-bad-exit (seconds here; generous for load)."""
