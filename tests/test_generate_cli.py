@@ -90,3 +90,19 @@ def test_generated_configs_pass_deepspeed_and_megatron_core(path, ds_parse):
 
 def read_megatron_args_lines(text: str) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("attention, backend", [("eager", "unfused"), ("flash", "flash"), ("sdpa", None)])
+def test_megatron_args_name_the_attention_kernel_the_plan_priced(attention, backend):
+    """`--attention eager` is priced as materialised scores: megatron.args asks TransformerEngine for
+    its unfused attention (left to "auto" it would run flash or fused, not the plan); flash asks for
+    flash; sdpa leaves Megatron's auto. megatron-core's TransformerConfig takes the value."""
+    from megatron.core.transformer.enums import AttnBackend
+
+    raw = yaml.safe_load((ROOT / "examples" / "intents" / "megatron-gpt-dims.yaml").read_text())
+    raw["training"]["attention"] = attention
+    ctx = planner.resolve(intent_from_dict(raw))
+    files = planner.run_dir_files(ctx, planner.plan_intent(ctx, top=None), index=0)
+    config, opts = megatron_config(read_megatron_args_lines(files["megatron.args"]))
+    assert opts.get("--attention-backend") == backend
+    assert config.attention_backend == (AttnBackend[backend] if backend else AttnBackend.auto)

@@ -91,6 +91,10 @@ def megatron_config(args: list[str]):
             per_chunk * kwargs["pipeline_model_parallel_size"])
     if "--num-virtual-stages-per-pipeline-rank" in opts:  # Megatron-LM's form for uneven stages
         kwargs["virtual_pipeline_model_parallel_size"] = int(opts["--num-virtual-stages-per-pipeline-rank"])
+    if "--attention-backend" in opts:  # Megatron-LM's arguments.py: type=lambda attn_backend: AttnBackend[attn_backend]
+        from megatron.core.transformer.enums import AttnBackend
+
+        kwargs["attention_backend"] = AttnBackend[opts["--attention-backend"]]
     dtype = torch.bfloat16 if "--bf16" in opts else torch.float16 if "--fp16" in opts else torch.float32
     kwargs.update(
         sequence_parallel="--sequence-parallel" in opts,

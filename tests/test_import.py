@@ -297,6 +297,17 @@ def test_round_trip_megatron_args():
     assert imported.training.sequences_per_step == original.training.sequences_per_step
 
 
+@pytest.mark.parametrize("backend, attention", [("unfused", "eager"), ("local", "eager"), ("flash", "flash"),
+                                                ("fused", "flash")])
+def test_megatron_attention_backend_imports_as_the_kernel_dstk_prices(tmp_path, backend, attention):
+    """``--attention-backend unfused``/``local`` materialise the scores: eager, as generate writes
+    eager back (``render.MEGATRON_ATTENTION_BACKEND``); flash and fused are fused kernels."""
+    args = tmp_path / "megatron.args"
+    args.write_text(f"--num-layers 24\n--hidden-size 2048\n--num-attention-heads 16\n--vocab-size 50304\n--attention-backend {backend}\n")
+    imported = import_file(str(args), overrides={"cluster": {"num_nodes": 1, "gpus_per_node": 8}}).intent
+    assert imported.training.attention == attention
+
+
 def test_accelerate_reads_our_accelerate_files():
     """The test files are accelerate's own format: its loader reads them."""
     pytest.importorskip("accelerate")

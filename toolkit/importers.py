@@ -1285,7 +1285,9 @@ def _read_megatron(r: _Reader, text: str) -> None:
             else:
                 r.drop(key, value, "expected full or selective")
         elif key in ("--use-flash-attn", "--attention-backend"):
-            if key == "--attention-backend" and value not in ("flash", "fused"):
+            if key == "--attention-backend" and value in ("unfused", "local"):
+                r.set("attention", "eager", key, raw=value, note="materialised scores, priced as eager")
+            elif key == "--attention-backend" and value not in ("flash", "fused"):
                 r.drop(key, value, "priced as SDPA")
             else:
                 r.set("attention", "flash", key)

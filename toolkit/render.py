@@ -409,6 +409,15 @@ def megatron_window_args(model: ModelDims) -> list[tuple[str, str]]:
     return out
 
 
+MEGATRON_ATTENTION_BACKEND = {"flash": "flash", "eager": "unfused"}
+"""``--attention-backend`` for the plan's attention kernel (megatron-core's ``AttnBackend``).
+``eager`` is priced as materialised scores with a fused softmax (``steptime.layer_seconds``): that
+is TransformerEngine's ``unfused`` attention, which takes a sliding window as a mask. Left to
+Megatron's default ``auto``, TransformerEngine would pick its flash or fused kernel and the run
+would not be the one planned. (``local``, Megatron's own unfused attention, needs ``--spec local``
+in current Megatron-LM.) ``sdpa`` has no Megatron meaning: ``auto``, priced as a fused kernel."""
+
+
 def megatron_args(*, layout: Layout, training: TrainingIntent, model: ModelDims,
                   split: tuple[int, ...] | None = None) -> list[str]:
     """Megatron-LM ``pretrain_gpt.py`` arguments for the same layout, one option per item.
@@ -493,8 +502,9 @@ def megatron_args(*, layout: Layout, training: TrainingIntent, model: ModelDims,
         opt("--qk-layernorm")
     for name, value in megatron_window_args(model):
         opt(name, value)
-    if training.attention == "flash":
-        opt("--attention-backend", "flash")
+    # The kernel the plan priced (``MEGATRON_ATTENTION_BACKEND``); sdpa leaves Megatron's "auto".
+    if training.attention in MEGATRON_ATTENTION_BACKEND:
+        opt("--attention-backend", MEGATRON_ATTENTION_BACKEND[training.attention])
     if (training.precision or "bf16") in ("bf16", "fp16"):
         opt(f"--{training.precision or 'bf16'}")
     opt("--optimizer", "sgd" if training.optimizer == "sgd" else "adam")
