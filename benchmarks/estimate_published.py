@@ -426,50 +426,48 @@ def summary(rows: list[Row]) -> tuple[float, float]:
     return sum(errors) / len(errors), max(errors)
 
 
-ZERO3_LAYER_TENSORS = 12
-"""Parameter tensors of one GPT layer (QKV, attention output, MLP in and out: a weight and a bias
-each; two LayerNorms: a weight and a bias each), each its own gather under DeepSpeed 2021."""
-
-
 def zero3_candidates() -> list[tuple[str, list[float]]]:
     """Errors of Table 2's six ZeRO-3 rows under two sourced mechanisms the model does not apply
-    (docs/estimate.md, "Against published runs"): recomputes each row's micro-batch from the inputs
-    ``zero3_step_seconds`` receives (forward and backward compute, one gather pass ``G``, the
-    reduce-scatter ``R``), as ``max(K_f, G) + max(K_b, R) + (2 - keep) G`` with
-    ``per_rank`` seconds per rank and tensor call added to ``G`` and ``R``:
+    (docs/estimate.md, "Against published runs"): each row's micro-batch is recomputed with
+    ``steptime.zero3_step_seconds`` from the inputs the estimator hands it (forward and backward
+    compute, one gather pass ``G``, the reduce-scatter ``R``; the estimator adds the two backward
+    gathers after the call), with ``2 - keep`` backward gathers and ``per_rank`` seconds per rank
+    and call added to ``G`` and ``R`` for each of a layer's parameter tensors (DeepSpeed 2021
+    gathers and reduce-scatters them one call each):
 
     - ``keep = 1/3``: DeepSpeed 2021's ``_keep_for_later`` keeps a module reused within
       ``stage3_max_reuse_distance`` (1e9 elements), the layer's last (``dense_4h_to_h``, 4h^2 of
       12h^2) from its recompute to its backward;
     - ``per_rank``: PyTorch 1.8's list ``all_gather``/``reduce_scatter`` copy one tensor per rank."""
-    from dstk.estimate import steptime
+    from dstk.estimate import _model_facts, steptime
 
     seen: list[dict] = []
-    original = steptime.zero3_step_seconds
+    step = steptime.zero3_step_seconds
 
     def record(**kw):
         seen.append(kw)
-        return original(**kw)
+        return step(**kw)
 
     steptime.zero3_step_seconds = record
     try:
-        rows = [r for r in NARAYANAN if r[0] == "ZeRO-3"]
         base = []
-        for r in rows:
+        for r in (r for r in NARAYANAN if r[0] == "ZeRO-3"):
             seen.clear()
-            base.append((narayanan_rows([r])[0], dict(seen[-1]), NARAYANAN_MODELS[r[1]][2], r[2]))
+            heads, hidden, layers = NARAYANAN_MODELS[r[1]]
+            calls = layers * len(_model_facts(gpt(heads, hidden, layers)).layer_persistent)
+            base.append((narayanan_rows([r])[0], dict(seen[-1]), calls, r[2]))
     finally:
-        steptime.zero3_step_seconds = original
+        steptime.zero3_step_seconds = step
+
+    def micro_batch(k: dict, *, keep: float, extra: float) -> float:
+        return step(**{**k, "gather_seconds": k["gather_seconds"] + extra,
+                       "reduce_scatter_seconds": k["reduce_scatter_seconds"] + extra, "backward_gathers": 2 - keep})
+
     out = []
     for keep, per_rank in ((0.0, 0.0), (1 / 3, 0.0), (0.0, 1e-6), (1 / 3, 1e-6)):
-        errors = []
-        for row, k, layers, ranks in base:
-            f, b, g, rs = (k["forward_seconds"], k["backward_seconds"], k["gather_seconds"],
-                           k["reduce_scatter_seconds"])
-            now = max(f, g) + max(b, rs) + 2 * g
-            extra = ZERO3_LAYER_TENSORS * layers * ranks * per_rank
-            then = max(f, g + extra) + max(b, rs + extra) + (2 - keep) * (g + extra)
-            errors.append(row.predicted * now / then / row.published - 1)
+        errors = [row.predicted * micro_batch(k, keep=0.0, extra=0.0)
+                  / micro_batch(k, keep=keep, extra=calls * ranks * per_rank) / row.published - 1
+                  for row, k, calls, ranks in base]
         out.append((f"keep {keep:.2f}, {per_rank * 1e6:.0f} us per rank and call", errors))
     return out
 

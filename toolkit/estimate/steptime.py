@@ -317,7 +317,7 @@ def head_seconds(*, facts, tokens: int, tp: int, act_bytes: int, gpu, peak_flops
 
 
 def zero3_step_seconds(*, forward_seconds: float, backward_seconds: float, gather_seconds: float,
-                       reduce_scatter_seconds: float, backward_gathers: int) -> float:
+                       reduce_scatter_seconds: float, backward_gathers: float) -> float:
     """One micro-batch under ZeRO-3: compute and the parameter traffic of the DP group.
 
     DeepSpeed gathers each module's parameters before its forward and again in backward (twice
