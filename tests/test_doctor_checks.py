@@ -189,3 +189,18 @@ def test_limits_read_from_a_host():
     memlock, space = doctor.parse_limits(done.stdout)  # this host's shell and df: what a remote one runs
     assert memlock == doctor.check_memlock(cpu=True).data["memlock_bytes"]
     assert space.total_bytes == shm.shm_space("/dev/shm").total_bytes
+
+
+@pytest.mark.distributed
+def test_the_allreduce_runs_over_pdsh_on_a_two_host_hostfile(sshd, tmp_path):
+    """The doctor's benchmark as a 2-node pdsh launch (this machine twice, over the test sshd): both ranks
+    report, gloo's result is right, and the launch is watched like a training launch's (run.stop_guards)."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    done = subprocess.run([sys.executable, "-m", "dstk", "doctor", "--hostfile", str(hostfile), "--master-addr",
+                           "127.0.0.1", "--format", "json"], capture_output=True, text=True,
+                          env={**os.environ, **sshd.env}, timeout=600)
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    bench = checks["allreduce"]
+    assert bench["status"] == "ok", (bench, done.stderr[-3000:])
+    assert {r["world_size"] for r in bench["data"]["results"]} == {2} and bench["detail"].startswith("gloo, 2 ranks")

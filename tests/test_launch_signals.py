@@ -164,6 +164,130 @@ def test_sighup_stops_only_this_pdsh_run(sshd, python, tmp_path_factory, tmp_pat
         stop_all(proc, decoy, patterns=(str(script), str(tmp_path / "decoy_rank.py")))
 
 
+@pytest.mark.distributed
+@pytest.mark.parametrize("calibrate", [False, True], ids=["doctor", "doctor-calibrate"])
+def test_sigterm_to_doctor_stops_its_benchmark_ranks_and_leaves_no_files(tmp_path, free_port, calibrate):
+    """``dstk doctor`` starts ranks of its own (the all-reduce benchmark; ``--calibrate``: the hardware
+    sweep) with the same runner a launch uses. SIGTERM to dstk alone (a job's cancel, ``kill``) used to end
+    dstk with no word while the runner, launch.py and both ranks ran on, orphaned (holding the GPUs on a
+    cluster), and its temporary directory and the ranks' /dev/shm buffers stayed behind. It must stop them as
+    ``dstk launch`` does, say so, exit 143, and leave nothing: no temporary directory, no buffer of its port,
+    no half-written profile. The ranks are made to run long (many iterations) and signalled once both run."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    profile = tmp_path / "hardware.yaml"
+    argv = [sys.executable, "-m", "dstk", "doctor", "--num-ranks", "2", "--master-port", str(free_port),
+            "--sizes", "4M", "--iters", "1000000"]
+    argv += ["--calibrate", "--quick", "--output", str(profile)] if calibrate else []
+    script = "dstk.launch.measure" if calibrate else "dstk.launch.allreduce"
+    # launch.py and the runner carry the port; the ranks (wrapper and script) only the module's name
+    markers = (f"--master_port={free_port}", f"--master_port {free_port}", f"-m {script} --local_rank=")
+    proc = None
+    try:
+        proc = subprocess.Popen(argv, env=clean_env(TMPDIR=str(tmp)), cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=hangup_default)
+        out = Output(proc)
+        out.wait_for(lambda _text: _ranks_past_op_load(script), what="both benchmark ranks", proc=proc)
+        assert list(tmp.iterdir()), "doctor's temporary directory is not under TMPDIR: the check below would be void"
+        gone_seconds, _ = _signal_dstk(proc, out, signal.SIGTERM, markers=markers)
+        text = out.text()
+        print(f"doctor{' --calibrate' if calibrate else ''}: SIGTERM; its ranks were gone {gone_seconds:.1f} s after")
+        assert proc.returncode == 143, text[-4000:]
+        assert re.search(r"^dstk: stopped by SIGTERM: stopped this run's processes on this machine \(\d+ processes\)$",
+                         text, re.M), text[-4000:]
+        assert "Traceback" not in text and "internal error" not in text, text[-4000:]
+        assert list(tmp.iterdir()) == [], "doctor left its temporary directory"
+        assert not [b for b in Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{free_port}_*")], \
+            "doctor left its ranks' shm buffers"
+        assert not profile.exists()
+    finally:
+        stop_all(proc, patterns=markers)
+
+
+@pytest.mark.distributed
+def _ranks_past_op_load(script: str) -> bool:
+    """Both ranks of ``script`` run, past loading DeepSpeed's ``deepspeed_shm_comm`` (they map it): torch holds
+    the op's build lock while a rank loads it, and a stop then would leave it behind."""
+    ranks = [pid for pid, c in cmdlines().items() if c.split()[1:4] == ["-u", "-m", script]]
+
+    def loaded(pid: int) -> bool:
+        try:
+            return "deepspeed_shm_comm" in Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            return False
+
+    return len(ranks) == 2 and all(loaded(pid) for pid in ranks)
+
+
+@pytest.mark.distributed
+def test_sigterm_to_doctor_on_a_hostfile_stops_every_nodes_benchmark_ranks(sshd, tmp_path, free_port):
+    """``dstk doctor --hostfile``: its benchmark is a pdsh launch (this machine twice, over the test sshd). SIGTERM
+    to dstk stops both nodes' ranks by the run's tag (``NodeWatch``), as a pdsh training launch's, and exits 143.
+    This venv's interpreter (a copy under another path would rebuild the shared cache's ops), signalled once the
+    ranks loaded their op: dstk leaves the locks of a multi-node run alone (``clear_locks_left``)."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    argv = [sys.executable, "-m", "dstk", "doctor", "--hostfile", str(hostfile), "--master-addr", "127.0.0.1",
+            "--master-port", str(free_port), "--sizes", "4M", "--iters", "1000000"]
+    markers = (f"--master_port={free_port}", f"--master_port {free_port}", "-m dstk.launch.allreduce --local_rank=")
+    proc = None
+    try:
+        proc = subprocess.Popen(argv, env=clean_env(**sshd.env), cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, start_new_session=True, preexec_fn=hangup_default)
+        out = Output(proc)
+        out.wait_for(lambda _text: _ranks_past_op_load("dstk.launch.allreduce"), what="both nodes' ranks", proc=proc)
+        gone_seconds, _ = _signal_dstk(proc, out, signal.SIGTERM, markers=markers)
+        text = out.text()
+        print(f"doctor --hostfile (pdsh): SIGTERM; both nodes' ranks were gone {gone_seconds:.1f} s after")
+        assert proc.returncode == 143, text[-4000:]
+        assert re.search(r"^dstk: stopped by SIGTERM: stopped this run's ranks on every node: localhost \(\d+ "
+                         r"process(?:es)?\), 127\.0\.0\.1 \(\d+ process(?:es)?\)$", text, re.M), text[-4000:]
+        assert "Traceback" not in text and "internal error" not in text, text[-4000:]
+    finally:
+        stop_all(proc, patterns=markers)
+
+
+@pytest.mark.distributed
+def test_a_run_stopped_while_deepspeed_builds_its_op_removes_the_lock_it_left(tmp_path, free_port):
+    """The first start on a machine builds DeepSpeed's ops, silently, for minutes; a user who stops it then
+    (SIGTERM from a job's cancel; a terminal's Ctrl-C kills the build the same way) used to leave the build's
+    lock in the torch extensions cache, and the next start refused to go on (or, without dstk, waited
+    forever). Here the ranks build ``deepspeed_shm_comm`` into an empty cache and dstk gets SIGTERM while
+    they do: the lock must be gone, with a line saying so. Another build's lock, there before the run (held by
+    a process while dstk starts, which ends during the run), must stay: it is not the run's to remove."""
+    from dstk.launch.locks import find_stale_locks
+
+    ext = tmp_path / "ext"
+    other = ext / "someone_elses_op" / "lock"
+    other.parent.mkdir(parents=True)
+    other.touch()
+    holder = subprocess.Popen([sys.executable, "-c", f"import os, time; fd = os.open({str(other)!r}, os.O_RDONLY); "
+                               "print('held', flush=True); time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline() == "held\n"
+    argv = [sys.executable, "-m", "dstk", "doctor", "--num-ranks", "2", "--master-port", str(free_port), "--iters",
+            "1000000"]
+    markers = (f"--master_port={free_port}", f"--master_port {free_port}", "-m dstk.launch.allreduce --local_rank=")
+    proc = None
+    try:
+        proc = subprocess.Popen(argv, env=clean_env(TORCH_EXTENSIONS_DIR=str(ext)), cwd=tmp_path,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                preexec_fn=hangup_default)
+        out = Output(proc)
+        out.wait_for(lambda _text: (ext / "deepspeed_shm_comm" / "lock").exists(), what="the op's build", proc=proc)
+        holder.kill()
+        holder.wait()
+        _signal_dstk(proc, out, signal.SIGTERM, markers=markers)
+        text = out.text()
+        assert proc.returncode == 143, text[-4000:]
+        lock = ext / "deepspeed_shm_comm" / "lock"
+        assert f"dstk: removed {lock}: the run's build of DeepSpeed's op deepspeed_shm_comm was stopped half-way" \
+            in text, text[-4000:]
+        assert find_stale_locks(ext) == [other], text[-4000:]
+    finally:
+        holder.kill()
+        stop_all(proc, patterns=markers)
+
+
 def test_a_signal_ignored_when_dstk_started_stays_ignored():
     """``nohup dstk launch ...`` ignores SIGHUP, and so do the runner, launch.py and the ranks (an ignored signal
     survives exec): a closed terminal must not stop that run, so dstk installs no handler for it; SIGTERM's

@@ -37,6 +37,19 @@ class UsageError(DstkError):
     exit_code = EXIT_USAGE
 
 
+class Stopped(DstkError):
+    """dstk stopped what it had started because it got a signal (SIGTERM, SIGHUP, SIGINT): it exits
+    128 + the signal, as a shell reports a command the signal ended."""
+
+    def __init__(self, signum: int, message: str, *, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.signum = signum
+        self.exit_code = 128 + signum
+
+    def render(self) -> str:
+        return f"dstk: {self.message}" + (f"\n  fix: {self.hint}" if self.hint else "")
+
+
 TRAIN_STACK = ("torch", "deepspeed", "transformers", "datasets", "accelerate", "safetensors")
 """What ``pip install 'dstk[train]'`` brings; the fast commands need none of it."""
 

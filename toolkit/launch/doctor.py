@@ -21,11 +21,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 from dstk.launch.allreduce import TAG as ALLREDUCE_TAG
-from dstk.launch.command import LaunchSpec, plan_launch
+from dstk.errors import Stopped
+from dstk.launch.command import LaunchSpec
 from dstk.launch.hosts import Host
 from dstk.launch.locks import find_stale_locks
 from dstk.launch.measure import TAG as MEASURE_TAG
-from dstk.launch.run import run_plan
+from dstk.launch.run import _PDSH_PREFIX_RE, run_plan, stop_guards
 from dstk.launch import shm
 from dstk.launch.shm import remove_run_buffers
 
@@ -161,14 +162,18 @@ class BenchOutput:
 
 
 def _run_bench(bench: LaunchSpec) -> BenchOutput:
-    plan = plan_launch(bench)
     results: list[dict] = []
     measured: list[dict] = []
     nets: list[str] = []
     tail: list[str] = []
 
     def sink(stream: str, line: str) -> None:
-        body = line.split("] ", 1)[1] if line.startswith("[rank ") else line
+        if line.startswith("dstk: "):  # dstk's own word on the launch (an op's first build, a lock it removed)
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        # pdsh puts "HOST: " before every line of a multi-node launch, the rank wrapper "[rank N] "
+        body = line[m.end():] if (m := _PDSH_PREFIX_RE.match(line)) and line.startswith("[rank ", m.end()) else line
+        body = body.split("] ", 1)[1] if body.startswith("[rank ") else body
         if body.startswith(ALLREDUCE_TAG):
             results.append(json.loads(body[len(ALLREDUCE_TAG):]))
             return
@@ -181,11 +186,19 @@ def _run_bench(bench: LaunchSpec) -> BenchOutput:
         tail.append(line)
         del tail[:-40]
 
+    # A signal stops the benchmark's ranks as it stops a training launch's (run.stop_guards); without that,
+    # SIGTERM to dstk alone would leave the runner, launch.py and every rank running, holding the GPUs.
+    bench, plan, watch, local_stop = stop_guards(bench)
     try:
         outcome = run_plan(plan, world_size=bench.world_size, expect_reports=bench.prefix_output, sink=sink,
-                           check_locks=False)
+                           check_locks=False, watch=watch, local_stop=local_stop)
     finally:
         remove_run_buffers(master_port=bench.master_port)  # DeepSpeed's CPU shm all-reduce leaks them
+    if watch is not None:  # its stop of the other nodes (one failed, or a signal) has ended
+        watch.join(timeout=watch.grace_seconds + 90)
+    if outcome.interrupted_by is not None:
+        stopper = watch if watch is not None else local_stop
+        raise Stopped(outcome.interrupted_by, "; ".join(stopper.messages()))
     return BenchOutput(returncode=outcome.returncode, messages=tuple(outcome.messages), allreduce=tuple(results),
                        measure=measured[-1] if measured else None, nets=tuple(nets), tail="".join(tail))
 

@@ -44,12 +44,34 @@ def open_files(*, proc_dir: str = "/proc") -> set[str]:
     return held
 
 
+def lock_files(root: Path) -> set[Path]:
+    """Every lock file under ``root`` (an op's build directory, or one level deeper), held or not."""
+    return {*root.glob("*/lock"), *root.glob("*/*/lock")} if root.is_dir() else set()
+
+
+def clear_locks_left(root: Path, *, before: set[Path]) -> list[Path]:
+    """Remove the stale locks under ``root`` that were not there ``before`` (``lock_files`` when a run
+    started): what a build of that run left when it was killed half-way. Call it once every process
+    of the run has ended and only for a run whose ranks all ran on this machine (another host's build
+    holds a lock in a shared cache without this machine seeing it). Returns the removed paths."""
+    removed = []
+    for lock in find_stale_locks(root):
+        if lock in before:
+            continue
+        try:
+            lock.unlink()
+            removed.append(lock)
+        except OSError:  # released meanwhile, or not ours to remove
+            continue
+    return removed
+
+
 def find_stale_locks(root: Path | None = None) -> list[Path]:
     """Lock files under ``root`` that no live process holds open."""
     root = extensions_root() if root is None else Path(root)
     if not root.is_dir():
         return []
-    locks = sorted({*root.glob("*/lock"), *root.glob("*/*/lock")})
+    locks = sorted(lock_files(root))
     if not locks:
         return []
     held = open_files()

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dstk.launch.command import REPORT_TAG, LaunchPlan, LaunchSpec, check_pdsh_words, plan_launch
-from dstk.launch.locks import check_op_locks
+from dstk.launch.locks import check_op_locks, clear_locks_left, extensions_root, lock_files
 
 
 TAIL_LINES = 400
@@ -185,6 +185,10 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
                else _StopOnSignals(signals=_LocalStop.SIGNALS) if local_stop is not None else None)
     if stopper is not None:
         stopper.install()
+    # A rank stopped while DeepSpeed builds an op (its first start on this machine: minutes, silent) leaves
+    # the build's lock, and every later start would wait for it forever: remove what this run left.
+    lock_root = extensions_root(env) if local_stop is not None and len(plan.active) <= 1 else None
+    locks_before = lock_files(lock_root) if lock_root is not None else set()
     try:
         proc = subprocess.Popen(plan.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, start_new_session=watch is not None)
@@ -251,6 +255,10 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
         done.set()
         for t in threads:
             t.join(timeout=10)
+        if lock_root is not None and proc.poll() is not None:
+            for lock in clear_locks_left(lock_root, before=locks_before):
+                sink("stderr", f"dstk: removed {lock}: the run's build of DeepSpeed's op {lock.parent.name} was "
+                               f"stopped half-way and left it; the next start builds the op again\n")
     result = judge(runner_returncode=proc.returncode, ranks=reports, world_size=world_size,
                    expect_reports=expect_reports)
     for watcher in (watch, local_stop):
@@ -467,6 +475,30 @@ def _check_env_files(plan: LaunchPlan, sink: Callable[[str, str], None]) -> None
                                 hint="fix those lines, or move the variables to `dstk launch --env K=V`")
 
 
+def stop_guards(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_sink):
+    """``(spec, plan, watch, local_stop)``: ``spec`` with a run tag where it needs one, its plan, and what stops
+    the run's processes when one node fails or dstk gets a signal, for ``run_plan``. A multi-node pdsh launch
+    gets a ``NodeWatch`` (every node's ranks, by the tag); a launch whose launch.py or torchrun runs on this
+    machine gets a ``_LocalStop`` (SIGTERM/SIGHUP stop it by the tag). Without one of them a signal ends dstk
+    alone and the run's ranks go on, orphaned."""
+    from dstk.launch.nodefail import NodeWatch, new_run_tag
+
+    watch = local_stop = None
+    if spec.launcher == "pdsh" and spec.hosts and spec.node_rank is None:
+        spec = dataclasses.replace(spec, run_tag=spec.run_tag or new_run_tag())
+        plan = plan_launch(spec)
+        watch = NodeWatch(hosts=plan.active, tag=spec.run_tag, python=spec.python, cwd=os.getcwd(),
+                          env=launcher_environ(), sink=sink)
+    elif not spec.hosts or spec.node_rank is not None:
+        # launch.py (or torchrun) runs here, as the runner's child: SIGTERM/SIGHUP stop it by the run's tag
+        spec = dataclasses.replace(spec, run_tag=spec.run_tag or new_run_tag())
+        plan = plan_launch(spec)
+        local_stop = _LocalStop(tag=spec.run_tag, torchrun=spec.launcher == "torchrun", sink=sink)
+    else:
+        plan = plan_launch(spec)
+    return spec, plan, watch, local_stop
+
+
 def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_sink) -> int:
     """Run ``spec``: rank-prefixed output through ``sink``; non-zero when any rank failed or was killed.
 
@@ -492,22 +524,7 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
         _check_env_files(plan, sink)
     # With node_rank set only this node's ranks report here.
     expected = spec.world_size if spec.node_rank is None else 0
-    watch = None
-    if spec.launcher == "pdsh" and spec.hosts and spec.node_rank is None:
-        from dstk.launch.nodefail import NodeWatch, new_run_tag
-
-        spec = dataclasses.replace(spec, run_tag=spec.run_tag or new_run_tag())
-        plan = plan_launch(spec)
-        watch = NodeWatch(hosts=plan.active, tag=spec.run_tag, python=spec.python, cwd=os.getcwd(),
-                          env=launcher_environ(), sink=sink)
-    local_stop = None
-    if not spec.hosts or spec.node_rank is not None:
-        # launch.py (or torchrun) runs here, as the runner's child: SIGTERM/SIGHUP stop it by the run's tag
-        from dstk.launch.nodefail import new_run_tag
-
-        spec = dataclasses.replace(spec, run_tag=spec.run_tag or new_run_tag())
-        plan = plan_launch(spec)
-        local_stop = _LocalStop(tag=spec.run_tag, torchrun=spec.launcher == "torchrun", sink=sink)
+    spec, plan, watch, local_stop = stop_guards(spec, sink=sink)
     try:
         result = run_plan(plan, world_size=expected, expect_reports=spec.prefix_output, sink=sink, watch=watch,
                           local_stop=local_stop)
