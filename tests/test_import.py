@@ -308,6 +308,21 @@ def test_megatron_attention_backend_imports_as_the_kernel_dstk_prices(tmp_path, 
     assert imported.training.attention == attention
 
 
+@pytest.mark.parametrize("backend, reason", [("auto", "picks the kernel at run time"),
+                                             ("bogus", "not a value Megatron-LM takes (flash, fused, unfused, local or auto)")])
+def test_megatron_attention_backend_auto_or_unknown_is_dropped_with_its_reason(tmp_path, backend, reason):
+    """``auto`` leaves the choice to TransformerEngine (priced as SDPA, dstk's default); a value Megatron-LM
+    does not take is dropped with the values it does take, at its line, not read as SDPA without a word."""
+    from megatron.core.transformer.enums import AttnBackend  # noqa: F401  (the values the reason lists)
+
+    args = tmp_path / "megatron.args"
+    args.write_text(f"--num-layers 24\n--hidden-size 2048\n--num-attention-heads 16\n--vocab-size 50304\n--attention-backend {backend}\n")
+    result = import_file(str(args), overrides={"cluster": {"num_nodes": 1, "gpus_per_node": 8}})
+    assert result.intent.training.attention is None  # unset: the plan prices its default, SDPA
+    line = next(x for x in result.lines if x.key == "--attention-backend")
+    assert (line.action, line.value) == ("dropped", backend) and reason in line.reason and line.where.endswith(":5")
+
+
 def test_accelerate_reads_our_accelerate_files():
     """The test files are accelerate's own format: its loader reads them."""
     pytest.importorskip("accelerate")

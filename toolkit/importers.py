@@ -1287,8 +1287,11 @@ def _read_megatron(r: _Reader, text: str) -> None:
         elif key in ("--use-flash-attn", "--attention-backend"):
             if key == "--attention-backend" and value in ("unfused", "local"):
                 r.set("attention", "eager", key, raw=value, note="materialised scores, priced as eager")
+            elif key == "--attention-backend" and value == "auto":
+                r.drop(key, value, "TransformerEngine picks the kernel at run time: priced as SDPA")
             elif key == "--attention-backend" and value not in ("flash", "fused"):
-                r.drop(key, value, "priced as SDPA")
+                r.drop(key, value, "not a value Megatron-LM takes (flash, fused, unfused, local or auto): "
+                                   "it would refuse the argument; priced as SDPA")
             else:
                 r.set("attention", "flash", key)
         elif key == "--optimizer":
