@@ -351,6 +351,29 @@ def test_an_op_build_that_starts_during_a_launch_is_announced(tmp_path, monkeypa
     assert list(_op_builds(done, interval=0.05)) == ["fused_adam"]
 
 
+def test_an_op_build_is_watched_in_the_ranks_cache(tmp_path, monkeypatch):
+    """The ranks' ``TORCH_EXTENSIONS_DIR`` (``--env`` sets it in the plan's environment, run_plan passes the
+    root it gives) is where their builds lock, not the cache of dstk's own environment."""
+    import threading
+    import time
+
+    from dstk.launch.run import _op_builds
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "dstk_own"))
+    ranks = tmp_path / "ranks"
+    (ranks / "cpu_adam").mkdir(parents=True)
+    done = threading.Event()
+
+    def build() -> None:
+        time.sleep(0.2)
+        (ranks / "cpu_adam" / "lock").write_text("")
+        time.sleep(0.5)
+        done.set()
+
+    threading.Thread(target=build).start()
+    assert list(_op_builds(done, interval=0.05, root=ranks)) == ["cpu_adam"]
+
+
 def test_a_lock_held_for_a_moment_is_a_load_not_a_build(tmp_path, monkeypatch):
     """torch takes the same lock to check an op that is already built, for milliseconds on each rank's
     load: dstk said "DeepSpeed is building its op" on launches that built nothing."""

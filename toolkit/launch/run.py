@@ -217,7 +217,7 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
     done = threading.Event()
 
     def watch_builds() -> None:
-        for op in _op_builds(done):
+        for op in _op_builds(done, root=extensions_root(env)):
             with lock:
                 sink("stderr", f"dstk: DeepSpeed is building its op {op} (first start on this machine: a few "
                                f"minutes, silent; later starts reuse it)\n")
@@ -426,15 +426,14 @@ class _LocalStop:
         return out
 
 
-def _op_builds(done: threading.Event, *, interval: float = 1.0):
+def _op_builds(done: threading.Event, *, interval: float = 1.0, root: Path | None = None):
     """Yield each op DeepSpeed starts building while the launch runs: torch's extension builder
     holds ``<extensions root>/<op>/lock`` for the whole build (``dstk.launch.locks``), and the ranks
     print nothing until it ends. Loading an op already built takes the same lock for a moment (torch's
     ``_jit_compile`` checks the sources' version under it), so a lock counts as a build only when the
-    same file (inode and times) is still there at the next poll, ``interval`` later."""
-    from dstk.launch.locks import extensions_root
-
-    root, seen, pending = extensions_root(), set(), {}
+    same file (inode and times) is still there at the next poll, ``interval`` later. ``root``: the ranks'
+    extensions cache (their ``TORCH_EXTENSIONS_DIR``, which ``--env`` may set), this process's by default."""
+    root, seen, pending = extensions_root() if root is None else root, set(), {}
     seen.update(p.parent.name for p in (*root.glob("*/lock"), *root.glob("*/*/lock")))  # stale: reported earlier
     while not done.wait(interval):
         now = {}
