@@ -355,7 +355,8 @@ StrictModes no
 AllowTcpForwarding no
 X11Forwarding no
 PrintMotd no
-AcceptEnv LANG LC_*
+# TORCH_EXTENSIONS_DIR: a test gives the "remote" hosts a cache of their own (SetEnv in its ssh_config)
+AcceptEnv LANG LC_* TORCH_EXTENSIONS_DIR
 LogLevel ERROR
 """)
     (root / "ssh_config").write_text(f"""# tests/services.py: the client side of the test sshd

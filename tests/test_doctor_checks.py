@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -204,3 +205,42 @@ def test_the_allreduce_runs_over_pdsh_on_a_two_host_hostfile(sshd, tmp_path):
     bench = checks["allreduce"]
     assert bench["status"] == "ok", (bench, done.stderr[-3000:])
     assert {r["world_size"] for r in bench["data"]["results"]} == {2} and bench["detail"].startswith("gloo, 2 ranks")
+
+
+@pytest.mark.distributed
+def test_a_stale_lock_on_another_host_fails_its_check_and_skips_the_allreduce(sshd, tmp_path):
+    """A node-local torch extensions cache (a container's, or a node's /tmp) that holds a stale op-build lock
+    hangs that node's ranks at the start of a multi-node launch, and this machine cannot see it. Here the
+    "hosts" (this machine over the test sshd) get a cache of their own through ssh's SetEnv, with a stale lock
+    in it; this machine's cache is clean. The host's check must fail with the lock and the ssh rm that
+    clears it, and the all-reduce, which would hang, must be skipped."""
+    remote_cache = tmp_path / "remote_ext"
+    lock = remote_cache / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    config = tmp_path / "ssh_config"
+    config.write_text((sshd.root / "ssh_config").read_text().replace(
+        "    BatchMode yes\n", f"    BatchMode yes\n    SetEnv TORCH_EXTENSIONS_DIR={remote_cache}\n"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(f"#!/bin/sh\nexec {shutil.which('ssh')} -F {config} \"$@\"\n")
+    (bin_dir / "ssh").chmod(0o755)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TORCH_EXTENSIONS_DIR": str(tmp_path / "local_ext")}
+    done = subprocess.run([sys.executable, "-m", "dstk", "doctor", "--hostfile", str(hostfile), "--master-addr",
+                           "127.0.0.1", "--format", "json"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    checks = {c["name"]: c for c in json.loads(done.stdout)["checks"]}
+    assert checks["op-build locks"]["status"] == "ok"  # this machine's own cache
+    for host in ("localhost", "127.0.0.1"):
+        c = checks[f"op-build locks@{host}"]
+        assert c["status"] == "fail" and c["data"]["stale"] == [str(lock)], c
+        assert c["hint"].endswith(f"ssh {host} 'rm {lock}'"), c
+    assert checks["allreduce"]["status"] == "skip" and "stale lock" in checks["allreduce"]["detail"]
+    lock.unlink()  # cleared: the same command passes those checks
+    again = subprocess.run([sys.executable, "-m", "dstk", "doctor", "--hostfile", str(hostfile), "--no-allreduce",
+                            "--format", "json"], capture_output=True, text=True, env=env, timeout=600)
+    checks = {c["name"]: c for c in json.loads(again.stdout)["checks"]}
+    assert all(checks[f"op-build locks@{h}"]["status"] == "ok" for h in ("localhost", "127.0.0.1")), checks
+    assert str(remote_cache) in checks["op-build locks@localhost"]["detail"]

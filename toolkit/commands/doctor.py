@@ -123,21 +123,28 @@ def run(args: argparse.Namespace) -> int:
     if info:
         checks[0] = doctor._judge_probe("versions@localhost", info, expected_devices=spec.gpus_per_node, cpu=spec.cpu)
     checks.append(doctor.check_locks())
+    host_checks = []  # ssh@HOST / versions@HOST: a host named localhost is reached over ssh too
     if spec.hosts:
-        checks += doctor.check_hosts(spec.hosts, python=spec.python, expected_devices=spec.gpus_per_node, cpu=spec.cpu)
-        probes = {"this host": info, **{c.name.removeprefix("versions@"): c.data for c in checks[2:]
-                                        if c.name.startswith("versions@") and c.data}}
-        if len(probes) > 1:
-            checks.append(doctor.judge_versions(probes))
+        host_checks = doctor.check_hosts(spec.hosts, python=spec.python, expected_devices=spec.gpus_per_node,
+                                         cpu=spec.cpu)
+        checks += host_checks
+        probes = {c.name.removeprefix("versions@"): c.data for c in host_checks
+                  if c.name.startswith("versions@") and c.data}
+        if probes:
+            checks.append(doctor.judge_versions({"this host": info, **probes}))
         for host in spec.hosts:
-            if any(c.name == f"versions@{host.name}" and c.data for c in checks):  # reachable
+            locks = doctor.judge_host_locks(host.name, probes[host.name]) if host.name in probes else None
+            if locks is not None:
+                checks.append(locks)
+        for host in spec.hosts:
+            if host.name in probes:  # reachable
                 checks += doctor.check_host_limits(host, ranks_per_node=spec.gpus_per_node, num_nodes=spec.num_nodes,
                                                    cpu=spec.cpu)
     checks += _static_checks(args, spec, fixed)
-    reachable = all(c.status != "fail" for c in checks if c.name.startswith(("ssh@", "versions@")) and c.name != "versions@localhost")
+    reachable = all(c.status != "fail" for c in host_checks)
     if args.no_allreduce:
         pass
-    elif checks[1].status == "fail":
+    elif any(c.name.startswith("op-build locks") and c.status == "fail" for c in checks):
         checks.append(doctor.Check(name="allreduce", status="skip", detail="skipped: a stale lock would hang the start"))
     elif not reachable:
         checks.append(doctor.Check(name="allreduce", status="skip", detail="skipped: not every host is reachable"))

@@ -101,6 +101,23 @@ def check_locks() -> Check:
     return Check(name="op-build locks", status="ok", detail="no stale lock in the torch extensions cache")
 
 
+def judge_host_locks(host: str, info: dict) -> Check | None:
+    """``op-build locks@HOST`` from that host's probe: the stale locks in its torch extensions cache, which
+    this machine cannot see when the cache is node-local, and which hang that node's ranks at the start of a
+    multi-node launch while the others wait for them. ``None`` from a probe that does not report them (an
+    older dstk there)."""
+    stale = info.get("stale_locks")
+    if stale is None:
+        return None
+    if stale:
+        return Check(name=f"op-build locks@{host}", status="fail", detail=f"stale: {' '.join(stale)}",
+                     data={"stale": stale},
+                     hint=f"no process on {host} holds them open; remove them there: "
+                          f"{shlex.join(['ssh', host, shlex.join(['rm', *stale])])}")
+    return Check(name=f"op-build locks@{host}", status="ok",
+                 detail=f"no stale lock in {info.get('extensions_root') or 'the torch extensions cache'}")
+
+
 def check_host(host: Host, *, python: str, timeout_s: int = 10, expected_devices: int | None = None,
                cpu: bool = False) -> Check:
     """ssh reachability as the runner tests it (no password prompt), then the probe on that host."""
