@@ -187,7 +187,8 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
         stopper.install()
     # A rank stopped while DeepSpeed builds an op (its first start on this machine: minutes, silent) leaves
     # the build's lock, and every later start would wait for it forever: remove what this run left.
-    lock_root = extensions_root(env) if local_stop is not None and len(plan.active) <= 1 else None
+    ext_root = extensions_root(env)  # the ranks' cache: --env may set TORCH_EXTENSIONS_DIR
+    lock_root = ext_root if local_stop is not None and len(plan.active) <= 1 else None
     locks_before = lock_files(lock_root) if lock_root is not None else set()
     try:
         proc = subprocess.Popen(plan.command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -217,7 +218,7 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
     done = threading.Event()
 
     def watch_builds() -> None:
-        for op in _op_builds(done, root=extensions_root(env)):
+        for op in _op_builds(done, root=ext_root):
             with lock:
                 sink("stderr", f"dstk: DeepSpeed is building its op {op} (first start on this machine: a few "
                                f"minutes, silent; later starts reuse it)\n")
@@ -434,10 +435,10 @@ def _op_builds(done: threading.Event, *, interval: float = 1.0, root: Path | Non
     same file (inode and times) is still there at the next poll, ``interval`` later. ``root``: the ranks'
     extensions cache (their ``TORCH_EXTENSIONS_DIR``, which ``--env`` may set), this process's by default."""
     root, seen, pending = extensions_root() if root is None else root, set(), {}
-    seen.update(p.parent.name for p in (*root.glob("*/lock"), *root.glob("*/*/lock")))  # stale: reported earlier
+    seen.update(p.parent.name for p in lock_files(root))  # stale: reported earlier
     while not done.wait(interval):
         now = {}
-        for lock in (*root.glob("*/lock"), *root.glob("*/*/lock")):
+        for lock in lock_files(root):
             if lock.parent.name in seen:
                 continue
             try:
