@@ -290,9 +290,8 @@ def test_zero3_exposure_grows_with_data_parallelism():
 
 def test_published_runs_benchmark():
     """benchmarks/estimate_published.py (pure arithmetic): the figures docs/estimate.md quotes.
-    Korthikanti Table 5 meets the issue's goal (mean <= 5%, worst <= 8%); for Narayanan Table 2
-    the bounds are what the model reaches today (docs/estimate.md says why it cannot reach the
-    goal there), so a change that makes it worse fails here."""
+    Korthikanti Table 5 and Narayanan Table 2 each meet the issue's goal (mean <= 5%, worst <= 8%),
+    the ZeRO-3 and PTD-P halves of Table 2 too."""
     import importlib.util
     import pathlib
     import sys
@@ -310,7 +309,7 @@ def test_published_runs_benchmark():
     assert len(narayanan) == 12
     zero3 = [r for r in narayanan if r.label.startswith("ZeRO-3")]
     ptdp = [r for r in narayanan if r.label.startswith("PTD-P")]
-    assert bench.summary(zero3)[0] <= 0.05 and bench.summary(zero3)[1] <= 0.10
+    assert bench.summary(zero3)[0] <= 0.05 and bench.summary(zero3)[1] <= 0.08
     # PTD-P read as 1F1B runs (the table's scaling with DP is 1F1B's bubble; the benchmark's comment):
     # within 5% each, and closer than the interleaved reading, whose error grows with the DP degree
     assert all(abs(r.error) <= 0.05 for r in ptdp) and bench.summary(ptdp)[0] <= 0.04
@@ -320,7 +319,7 @@ def test_published_runs_benchmark():
     by_model = {m: [r.error for r in interleaved if f" {m} " in r.label] for m in ("175B", "530B")}
     assert all(errors == sorted(errors) for errors in by_model.values())
     mean, worst = bench.summary(narayanan)
-    assert mean <= 0.05 and worst <= 0.10  # the worst row is ZeRO-3 530B on 1120 GPUs (docs/estimate.md)
+    assert mean <= 0.05 and worst <= 0.08  # the worst row is ZeRO-3 530B on 1120 GPUs (docs/estimate.md)
 
 
 # --- the phase-aware peak (memory.phase_peaks) --------------------------------------------------

@@ -32,8 +32,8 @@ Sources of the default figures:
 - ``host_dram_bytes_per_s``: the CPU memory bandwidth of the node the GPU usually comes in
   (``NODE_HOST_DRAM``: DGX A100, DGX H100/H200), ``sockets x channels x MT/s x 8`` x a published
   STREAM triad share (``STREAM_TRIAD_FRACTION``); what offloaded optimizer steps share;
-- ``Interconnect.efficiency`` of InfiniBand: ``IB_EFFICIENCY`` (NCCL's measured bus bandwidth
-  between nodes over the line rate, nccl-tests issues cited there);
+- ``Interconnect.efficiency`` of InfiniBand: ``IB_EFFICIENCY`` (the large-message bus bandwidth
+  NCCL's maintainers state per NIC over the line rate, issues cited there);
 - ``achievable_fraction``: the share of peak for a model known only by its parameter count (no
   GEMM shapes): Korthikanti et al. 2022 Table 5 measured 51-56% MFU on A100; Megatron/Llama-3
   reports give 38-45% on H100.
@@ -717,11 +717,18 @@ GPUS: dict[str, GPU] = {g.slug: g for g in (
         zero_tensor_seconds=5e-5, zero3_tensor_seconds=6e-4),
 )}
 
-IB_EFFICIENCY = 0.92
-"""Share of the InfiniBand line rate NCCL's ring collectives reach between nodes: 91 GB/s bus
-bandwidth over 4 x HDR (100 GB/s) between two HGX A100 (NVIDIA/nccl-tests#100, 0.91); an NCCL
-maintainer's "~12 GB/s with each NIC" and 47 GB/s over a DGX-1's 4 x EDR (12.5 / 50 GB/s,
-NVIDIA/nccl#307, 0.94-0.96) and "46-48 GB/s per NIC" at NDR 400 Gb/s (nccl-tests#290, 0.92-0.96)."""
+IB_EFFICIENCY = 0.96
+"""Share of the InfiniBand line rate a large NCCL ring collective reaches between nodes: the bandwidth
+(beta) of dstk's alpha-beta pricing, whose alpha (per-call, per-hop latency) is priced apart
+(``steptime.collective_latency``), so it is the large-message figure, not an average over sizes.
+NCCL's maintainers state it per NIC: "at a size of 8G ... 24GB/s inter-node" over one HDR 200 Gb/s
+NIC (NVIDIA/nccl#412, 0.96), "~12 GB/s with each NIC" of 100 Gb/s EDR (NVIDIA/nccl#307, 0.96),
+"46-48GB/s per NIC" and "up to 48-49GB/s per NIC" at NDR 400 Gb/s (nccl-tests#290, #267: 0.92-0.98).
+Users' two-node all-reduce runs report 0.86-0.96 of the line rate (91 GB/s over 4 x HDR,
+nccl-tests#100; 84.8 GB/s on average and 96 at peak, nccl-tests#119; 86 of 96 GB/s, NVIDIA/nccl#1048):
+a fabric below the maintainers' figure: ``dstk doctor --hostfile`` prints its all-reduce bus
+bandwidth, and an ``interconnects:`` entry of a ``--hardware`` file gives it to the estimator. Was
+0.92 (the user's 91 GB/s of nccl-tests#100) until 2026-12-04."""
 
 INTERCONNECTS: dict[str, Interconnect] = {i.slug: i for i in (
     Interconnect(slug="ib-hdr", name="InfiniBand HDR, 8 x 200 Gb/s per node", node_bytes_per_s=8 * 25 * GB,
