@@ -10,7 +10,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from dstk.cli import main
 from dstk.errors import DstkError
 from dstk.launch import (Host, LaunchSpec, RankExit, apply_filters, build_command, check_hostfile, find_stale_locks,
-                         judge, parse_hosts_flag, plan_launch, render_deepspeed_env, spec_from_run_dir)
+                         judge, parse_hosts_flag, render_deepspeed_env, spec_from_run_dir)
 from dstk.launch.env import load_profile, profile_comments, NCCL_PROFILES
 from dstk.launch.rank import child_argv
 
@@ -236,6 +235,22 @@ def test_launch_refuses_to_hang_on_a_stale_lock(tmp_path, monkeypatch, capsys):
     assert main(["launch", str(run_dir), "--", "train.py"]) == 1
     err = capsys.readouterr().err
     assert "stale op-build lock" in err and "rm " in err and str(tmp_path / "ext" / "op" / "lock") in err
+
+
+def test_launch_checks_the_cache_its_ranks_use(tmp_path, monkeypatch, capsys):
+    """``--env TORCH_EXTENSIONS_DIR=DIR`` gives the ranks another cache than dstk's own: a stale lock there
+    hangs them as surely, so that is the cache checked (it used to be dstk's own, clean one)."""
+    ranks = tmp_path / "ranks_ext"
+    (ranks / "op").mkdir(parents=True)
+    (ranks / "op" / "lock").write_text("")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "dstk_own"))
+    run_dir = write_run_dir(tmp_path / "run", num_nodes=1, gpus_per_node=2)
+    (tmp_path / "train.py").write_text("")
+    monkeypatch.chdir(tmp_path)
+    assert main(["launch", str(run_dir), "--env", f"TORCH_EXTENSIONS_DIR={ranks}", "--", "train.py"]) == 1
+    err = capsys.readouterr().err
+    assert f"stale op-build lock(s) in the torch extensions cache, left by a build that was killed: {ranks / 'op' / 'lock'}" \
+        in err, err
 
 
 # --- the command line -------------------------------------------------------------------------

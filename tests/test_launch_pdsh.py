@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -93,3 +94,55 @@ def test_rank_reports_are_read_behind_pdsh_host_prefixes(prefix):
 def test_other_lines_are_not_reports(line):
     # a script that prints the tag itself appears behind its "[rank R] " prefix: not a report
     assert parse_report(line) is None
+
+
+def _ssh_with_env(tmp_path: Path, sshd, **env: str) -> Path:
+    """A directory holding an ``ssh`` that sets ``env`` in the remote commands' environment (ssh's SetEnv: a
+    node's own login environment, which this machine's does not reach), for PATH."""
+    config = tmp_path / "ssh_config"
+    set_env = "".join(f"    SetEnv {k}={v}\n" for k, v in env.items())
+    config.write_text((sshd.root / "ssh_config").read_text().replace("    BatchMode yes\n",
+                                                                      f"    BatchMode yes\n{set_env}"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "ssh").write_text(f"#!/bin/sh\nexec {shutil.which('ssh')} -F {config} \"$@\"\n")
+    (bin_dir / "ssh").chmod(0o755)
+    return bin_dir
+
+
+@pytest.mark.distributed
+def test_a_stale_lock_on_a_node_stops_the_launch_before_any_rank_starts(sshd, two_node_run, tmp_path, free_port):
+    """Each node's torch extensions cache can be its own (a container's, a node-local /tmp), and this machine
+    cannot see it: a build killed there left its lock, and the node's ranks (and with them the whole launch)
+    would wait for it forever. ``dstk launch`` asks every node over ssh before it starts any, names each
+    node's stale locks with the ssh rm that clears them, and exits 1; with ``--env TORCH_EXTENSIONS_DIR`` it
+    asks about that cache, the one the ranks would use."""
+    run, hostfile = two_node_run
+    node_cache = tmp_path / "node_ext"
+    lock = node_cache / "py311_cpu" / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    bin_dir = _ssh_with_env(tmp_path, sshd, TORCH_EXTENSIONS_DIR=str(node_cache))
+    env = {**os.environ, **sshd.env, "PATH": f"{bin_dir}:{os.environ['PATH']}",
+           "TORCH_EXTENSIONS_DIR": str(tmp_path / "this_machine_ext")}  # this machine's own cache: clean
+
+    def launch_here(*extra: str) -> tuple[int, str]:
+        argv = [sys.executable, "-m", "dstk", "launch", str(run), "--hostfile", str(hostfile), "--launcher", "pdsh",
+                "--master-addr", "127.0.0.1", "--master-port", str(free_port), *extra, "--", "examples/train.py",
+                "--steps", "1"]
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=REPO, timeout=TIMEOUT_SECONDS)
+        return done.returncode, done.stdout + done.stderr
+
+    rc, out = launch_here()
+    assert rc == 1, out[-4000:]
+    assert f"on localhost: {lock}; on 127.0.0.1: {lock}" in out, out[-4000:]
+    assert f"ssh localhost 'rm {lock}'; ssh 127.0.0.1 'rm {lock}'" in out, out[-4000:]
+    assert "[rank " not in out and "Traceback" not in out, out[-4000:]
+    lock.unlink()
+    ranks_cache = tmp_path / "ranks_ext"  # what --env gives the ranks: carried in .deepspeed_env
+    other = ranks_cache / "cpu_adam" / "lock"
+    other.parent.mkdir(parents=True)
+    other.touch()
+    rc, out = launch_here("--env", f"TORCH_EXTENSIONS_DIR={ranks_cache}")
+    assert rc == 1 and f"on localhost: {other}; on 127.0.0.1: {other}" in out, out[-4000:]
+    assert str(lock) not in out and "[rank " not in out, out[-4000:]

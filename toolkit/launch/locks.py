@@ -88,3 +88,54 @@ def check_op_locks(root: Path | None = None) -> None:
             "DeepSpeed would wait for them forever",
             hint=f"no process holds them open, so remove them: {shlex.join(['rm', *map(str, stale)])} "
                  "(the op is rebuilt on the next start)")
+
+
+REMOTE_TIMEOUT_S = 30
+"""How long the scan of one host may take over ssh (connection included) before the launch goes on
+without its answer."""
+
+
+def remote_stale_locks(hosts, *, python: str, root: str | None = None,
+                       timeout_s: float = REMOTE_TIMEOUT_S) -> dict[str, list[str]]:
+    """``{host: stale lock paths}`` of every host's torch extensions cache, scanned over ssh at once
+    (``python -m dstk.launch.probe --locks [ROOT]`` there: no torch import, well under a second). ``root``: the
+    ranks' cache when the launch sets ``TORCH_EXTENSIONS_DIR`` (``--env``); None: the host's own
+    default, as its ranks see it. A host that cannot be asked (ssh fails, no dstk at ``python``) is
+    left out: the launch itself says what fails there, and ``dstk doctor --hostfile`` checks it all."""
+    import json
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    remote = shlex.join([python, "-m", "dstk.launch.probe", "--locks", *([root] if root else [])])
+
+    def scan(host: str) -> tuple[str, list[str] | None]:
+        ssh = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(timeout_s)}", "-o",
+               "PasswordAuthentication=no", host, remote]
+        try:
+            done = subprocess.run(ssh, capture_output=True, text=True, timeout=timeout_s,
+                                  stdin=subprocess.DEVNULL)
+            lines = done.stdout.strip().splitlines()
+            found = json.loads(lines[-1]).get("stale") if done.returncode == 0 and lines else None
+        except (OSError, subprocess.TimeoutExpired, ValueError, AttributeError):
+            found = None
+        return host, found if isinstance(found, list) else None
+
+    hosts = list(hosts)
+    if not hosts:
+        return {}
+    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
+        return {host: stale for host, stale in pool.map(scan, hosts) if stale}
+
+
+def check_remote_op_locks(hosts, *, python: str, root: str | None = None) -> None:
+    """Raise a ``DstkError`` naming each host's stale locks and the ssh rm that clears them: a multi-node
+    launch would hang on those nodes, and this machine cannot see their caches."""
+    stale = remote_stale_locks(hosts, python=python, root=root)
+    if stale:
+        listed = "; ".join(f"on {host}: {' '.join(paths)}" for host, paths in stale.items())
+        fixes = "; ".join(shlex.join(["ssh", host, shlex.join(["rm", *paths])]) for host, paths in stale.items())
+        raise DstkError(
+            f"stale op-build lock(s) in a node's torch extensions cache, left by a build that was killed ({listed}); "
+            "DeepSpeed would wait for them forever on that node and the whole launch with it",
+            hint=f"no process there holds them open, so remove them: {fixes} (the op is rebuilt on the next "
+                 "start; `dstk doctor --hostfile` checks every node)")

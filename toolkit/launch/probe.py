@@ -1,7 +1,9 @@
 """What one host has: ``python -m dstk.launch.probe`` prints one JSON object.
 
 Run locally and, over ssh, on every host of a hostfile by ``dstk doctor``; each field is
-``None`` when unknown (not ``-1``), with the reason under ``errors``.
+``None`` when unknown (not ``-1``), with the reason under ``errors``. ``--locks [ROOT]``: only the
+stale op-build locks (``{"root": ..., "stale": [...]}``, no torch import), what ``dstk launch``
+asks every node of a pdsh launch before it starts (``dstk.launch.locks.remote_stale_locks``).
 """
 
 from __future__ import annotations
@@ -51,5 +53,17 @@ def probe() -> dict:
     return info
 
 
+def stale_locks(root: str | None = None) -> dict:
+    from pathlib import Path
+
+    from dstk.launch.locks import extensions_root, find_stale_locks
+
+    where = Path(root) if root else extensions_root()
+    return {"root": str(where), "stale": [str(p) for p in find_stale_locks(where)]}
+
+
 if __name__ == "__main__":
-    print(json.dumps(probe()))
+    if sys.argv[1:2] == ["--locks"]:
+        print(json.dumps(stale_locks(*sys.argv[2:3])))
+    else:
+        print(json.dumps(probe()))

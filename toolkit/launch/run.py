@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from dstk.launch.command import REPORT_TAG, LaunchPlan, LaunchSpec, check_pdsh_words, plan_launch
-from dstk.launch.locks import check_op_locks, clear_locks_left, extensions_root, lock_files
+from dstk.launch.locks import check_op_locks, check_remote_op_locks, clear_locks_left, extensions_root, lock_files
 
 
 TAIL_LINES = 400
@@ -171,11 +171,11 @@ def run_plan(plan: LaunchPlan, *, world_size: int, expect_reports: bool = True,
     ranks when one node fails (multi-node pdsh launches). ``local_stop``: a ``_LocalStop`` for a plan whose
     launch.py or torchrun runs on this machine (its tag in ``plan.env``), which stops the run's processes here
     on SIGTERM/SIGHUP (and after a SIGINT, what the runner left)."""
+    env = {**launcher_environ(), **plan.env, "PYTHONUNBUFFERED": "1"}
     if check_locks:
-        check_op_locks()
+        check_op_locks(extensions_root(env))  # the ranks' cache: --env may set TORCH_EXTENSIONS_DIR
     for path, text in plan.files.items():
         write_atomic(path, text)
-    env = {**launcher_environ(), **plan.env, "PYTHONUNBUFFERED": "1"}
     # A watched (pdsh) launch: the runner gets a session of its own, so a terminal's Ctrl-C reaches dstk
     # only, and dstk stops the run itself (``_StopOnSignals``); the runner's own handler would run a pkill
     # of every launch.py of this interpreter on every host (dstk.launch.nodefail). A local launch keeps the
@@ -511,7 +511,8 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
             spec.launcher_args, environ_kill=os.environ["SLURM_KILL_ON_BAD_EXIT"]))
     plan = plan_launch(spec)
     if not spec.module:
-        check_op_locks()  # a stale lock hangs the start: say so first (run_plan checks again, cheaply)
+        # a stale lock hangs the start: say so first (run_plan checks again, cheaply)
+        check_op_locks(extensions_root({**launcher_environ(), **plan.env}))
         if not Path(spec.script).is_file():
             from dstk.errors import UsageError
 
@@ -520,6 +521,9 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
                                   "RUN/ds_config.json); examples/train.py is a small one to start from")
     if spec.launcher == "pdsh" and spec.hosts and spec.node_rank is None:
         check_pdsh_words([os.getcwd()])  # pdsh runs `cd <cwd>;` on every node, unquoted
+        # every node's own cache (a container's, a node-local /tmp), which this machine cannot see: a stale
+        # lock there hangs that node's ranks, and the whole launch with them
+        check_remote_op_locks(plan.active, python=spec.python, root=dict(spec.env).get("TORCH_EXTENSIONS_DIR"))
     if spec.hosts and spec.node_rank is None:
         _check_env_files(plan, sink)
     # With node_rank set only this node's ranks report here.
