@@ -91,46 +91,52 @@ def check_op_locks(root: Path | None = None) -> None:
 
 
 REMOTE_TIMEOUT_S = 30
-"""How long the scan of one host may take over ssh (connection included) before the launch goes on
-without its answer."""
+"""How long the scan of the nodes may take (connections included) before the launch goes on without it."""
+LOCKS_TAG = "DSTK_STALE_LOCKS "
 
 
-def remote_stale_locks(hosts, *, python: str, root: str | None = None,
+def remote_stale_locks(hosts, *, python: str, cwd: str, root: str | None = None, env=None,
                        timeout_s: float = REMOTE_TIMEOUT_S) -> dict[str, list[str]]:
-    """``{host: stale lock paths}`` of every host's torch extensions cache, scanned over ssh at once
-    (``python -m dstk.launch.probe --locks [ROOT]`` there: no torch import, well under a second). ``root``: the
-    ranks' cache when the launch sets ``TORCH_EXTENSIONS_DIR`` (``--env``); None: the host's own
-    default, as its ranks see it. A host that cannot be asked (ssh fails, no dstk at ``python``) is
-    left out: the launch itself says what fails there, and ``dstk doctor --hostfile`` checks it all."""
+    """``{host: stale lock paths}`` of every host's torch extensions cache, asked at once by pdsh over ssh,
+    as the runner reaches the nodes (``PDSH_SSH_ARGS_APPEND`` and ``~/.ssh/config`` apply alike), with the
+    runner's ``cd CWD; PYTHON`` and ``python -m dstk.launch.probe --locks [ROOT]`` there (no torch import,
+    ~0.1 s). ``root``: the ranks' cache when the launch sets ``TORCH_EXTENSIONS_DIR`` (``--env``); None: the
+    node's own default, as its ranks see it. A host that does not answer (ssh fails, no dstk at ``python``)
+    is left out: the launch itself says what fails there, and ``dstk doctor --hostfile`` checks it all."""
     import json
     import subprocess
-    from concurrent.futures import ThreadPoolExecutor
 
-    remote = shlex.join([python, "-m", "dstk.launch.probe", "--locks", *([root] if root else [])])
-
-    def scan(host: str) -> tuple[str, list[str] | None]:
-        ssh = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={int(timeout_s)}", "-o",
-               "PasswordAuthentication=no", host, remote]
-        try:
-            done = subprocess.run(ssh, capture_output=True, text=True, timeout=timeout_s,
-                                  stdin=subprocess.DEVNULL)
-            lines = done.stdout.strip().splitlines()
-            found = json.loads(lines[-1]).get("stale") if done.returncode == 0 and lines else None
-        except (OSError, subprocess.TimeoutExpired, ValueError, AttributeError):
-            found = None
-        return host, found if isinstance(found, list) else None
+    from dstk.launch.nodefail import _NODE_PREFIX_RE
 
     hosts = list(hosts)
     if not hosts:
         return {}
-    with ThreadPoolExecutor(max_workers=min(32, len(hosts))) as pool:
-        return {host: stale for host, stale in pool.map(scan, hosts) if stale}
+    remote = (f"cd {shlex.quote(cwd)}; {shlex.quote(python)} -m dstk.launch.probe --locks"
+              + (f" {shlex.quote(root)}" if root else ""))
+    argv = ["pdsh", "-S", "-t", str(int(timeout_s)), "-u", str(int(timeout_s)), "-w", ",".join(hosts), remote]
+    try:
+        done = subprocess.run(argv, env={**(os.environ if env is None else env), "PDSH_RCMD_TYPE": "ssh"},
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s + 30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    found: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines():
+        m = _NODE_PREFIX_RE.match(line)
+        if m is None or not line[m.end():].startswith(LOCKS_TAG):
+            continue
+        try:
+            stale = json.loads(line[m.end() + len(LOCKS_TAG):]).get("stale")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(stale, list) and stale:
+            found[m.group(1)] = [str(p) for p in stale]
+    return {host: found[host] for host in hosts if host in found}
 
 
-def check_remote_op_locks(hosts, *, python: str, root: str | None = None) -> None:
+def check_remote_op_locks(hosts, *, python: str, cwd: str, root: str | None = None, env=None) -> None:
     """Raise a ``DstkError`` naming each host's stale locks and the ssh rm that clears them: a multi-node
     launch would hang on those nodes, and this machine cannot see their caches."""
-    stale = remote_stale_locks(hosts, python=python, root=root)
+    stale = remote_stale_locks(hosts, python=python, cwd=cwd, root=root, env=env)
     if stale:
         listed = "; ".join(f"on {host}: {' '.join(paths)}" for host, paths in stale.items())
         fixes = "; ".join(shlex.join(["ssh", host, shlex.join(["rm", *paths])]) for host, paths in stale.items())

@@ -2,7 +2,7 @@
 
 Run locally and, over ssh, on every host of a hostfile by ``dstk doctor``; each field is
 ``None`` when unknown (not ``-1``), with the reason under ``errors``. ``--locks [ROOT]``: only the
-stale op-build locks (``{"root": ..., "stale": [...]}``, no torch import), what ``dstk launch``
+stale op-build locks (``DSTK_STALE_LOCKS {"root": ..., "stale": [...]}``, no torch import), what ``dstk launch``
 asks every node of a pdsh launch before it starts (``dstk.launch.locks.remote_stale_locks``).
 """
 
@@ -64,6 +64,8 @@ def stale_locks(root: str | None = None) -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--locks"]:
-        print(json.dumps(stale_locks(*sys.argv[2:3])))
+        from dstk.launch.locks import LOCKS_TAG
+
+        print(LOCKS_TAG + json.dumps(stale_locks(*sys.argv[2:3])))
     else:
         print(json.dumps(probe()))

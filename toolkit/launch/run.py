@@ -523,7 +523,8 @@ def run_launch(spec: LaunchSpec, *, sink: Callable[[str, str], None] = _default_
         check_pdsh_words([os.getcwd()])  # pdsh runs `cd <cwd>;` on every node, unquoted
         # every node's own cache (a container's, a node-local /tmp), which this machine cannot see: a stale
         # lock there hangs that node's ranks, and the whole launch with them
-        check_remote_op_locks(plan.active, python=spec.python, root=dict(spec.env).get("TORCH_EXTENSIONS_DIR"))
+        check_remote_op_locks(plan.active, python=spec.python, cwd=os.getcwd(),
+                              root=dict(spec.env).get("TORCH_EXTENSIONS_DIR"), env=launcher_environ())
     if spec.hosts and spec.node_rank is None:
         _check_env_files(plan, sink)
     # With node_rank set only this node's ranks report here.
