@@ -244,3 +244,20 @@ def test_a_stale_lock_on_another_host_fails_its_check_and_skips_the_allreduce(ss
     checks = {c["name"]: c for c in json.loads(again.stdout)["checks"]}
     assert all(checks[f"op-build locks@{h}"]["status"] == "ok" for h in ("localhost", "127.0.0.1")), checks
     assert str(remote_cache) in checks["op-build locks@localhost"]["detail"]
+
+
+def test_a_stopped_doctor_still_reports_what_it_checked(capsys):
+    """A signal during the all-reduce ends ``dstk doctor`` (128 + the signal); the checks done before it are
+    printed first, and the JSON report says it was stopped, not ok."""
+    import argparse
+
+    from dstk.commands.doctor import _report
+
+    checks = [doctor.Check(name="op-build locks", status="ok", detail="no stale lock"),
+              doctor.Check(name="allreduce", status="skip", detail="stopped by SIGTERM before it finished")]
+    assert _report(checks, argparse.Namespace(format="json"), stopped=True) is False
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and report["stopped"] is True
+    assert [c["name"] for c in report["checks"]] == ["op-build locks", "allreduce"]
+    assert _report(checks, argparse.Namespace(format="json")) is False
+    assert json.loads(capsys.readouterr().out) == {"ok": True, "checks": report["checks"]}

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 
-from dstk.errors import UsageError
+from dstk.errors import Stopped, UsageError
 
 HELP = ("preflight: versions (the same on every host), GPUs, ssh, /dev/shm, memlock, DeepSpeed's ops, stale op locks, "
         "leaked shm buffers (--fix), a timed all-reduce (bus bandwidth); --calibrate writes a measured hardware profile")
@@ -149,10 +150,26 @@ def run(args: argparse.Namespace) -> int:
     elif not reachable:
         checks.append(doctor.Check(name="allreduce", status="skip", detail="skipped: not every host is reachable"))
     else:
-        checks.append(doctor.run_allreduce(spec, sizes=args.sizes or "1M,8M", iters=args.iters or 5))
+        try:
+            checks.append(doctor.run_allreduce(spec, sizes=args.sizes or "1M,8M", iters=args.iters or 5))
+        except Stopped as stop:
+            # the checks done before the signal are still worth reading: print them, then stop as asked
+            checks.append(doctor.Check(name="allreduce", status="skip",
+                                       detail=f"stopped by {signal.Signals(stop.signum).name} before it finished"))
+            _report(checks, args, stopped=True)
+            raise
+    return 1 if _report(checks, args) else 0
+
+
+def _report(checks: list, args: argparse.Namespace, *, stopped: bool = False) -> bool:
+    """Print ``checks`` (text or ``--format json``); True when one failed. ``stopped``: a signal ended the
+    run before every check ran (the JSON says ``"ok": false`` and ``"stopped": true``)."""
+    from dstk.launch import doctor
+
     failed = any(c.status == "fail" for c in checks)
     if args.format == "json":
-        print(json.dumps({"ok": not failed, "checks": [c.to_dict() for c in checks]}, indent=2))
+        print(json.dumps({"ok": not failed and not stopped, **({"stopped": True} if stopped else {}),
+                          "checks": [c.to_dict() for c in checks]}, indent=2), flush=True)
     else:
         for c in checks:
             print(f"{c.status.upper():4} {c.name}: {c.detail}")
@@ -161,9 +178,10 @@ def run(args: argparse.Namespace) -> int:
         bench = next((c for c in checks if c.name == "allreduce" and c.status == "ok"), None)
         if bench is not None:
             print(doctor.render_table(bench.data["results"]))
+        sys.stdout.flush()
     if failed:
         print("doctor: some checks failed", file=sys.stderr)
-    return 1 if failed else 0
+    return failed
 
 
 def _fix() -> list:
