@@ -54,6 +54,8 @@ def probe() -> dict:
 
 
 def stale_locks(root: str | None = None) -> dict:
+    """This host's cache (``root``, else ``$TORCH_EXTENSIONS_DIR`` or ``~/.cache/torch_extensions``) and the
+    stale op-build locks in it, without torch."""
     from pathlib import Path
 
     from dstk.launch.locks import extensions_root, find_stale_locks
