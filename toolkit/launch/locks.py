@@ -90,8 +90,9 @@ def check_op_locks(root: Path | None = None) -> None:
                  "(the op is rebuilt on the next start)")
 
 
-REMOTE_TIMEOUT_S = 30
-"""How long the scan of the nodes may take (connections included) before the launch goes on without it."""
+REMOTE_CONNECT_S, REMOTE_TIMEOUT_S = 10, 30
+"""How long the scan waits for a node's ssh connection (pdsh's own default), and for its answer, before the
+launch goes on without it: an unreachable node then fails the launch itself, with the runner's message."""
 LOCKS_TAG = "DSTK_STALE_LOCKS "
 
 
@@ -113,7 +114,7 @@ def remote_stale_locks(hosts, *, python: str, cwd: str, root: str | None = None,
         return {}
     remote = (f"cd {shlex.quote(cwd)}; {shlex.quote(python)} -m dstk.launch.probe --locks"
               + (f" {shlex.quote(root)}" if root else ""))
-    argv = ["pdsh", "-S", "-t", str(int(timeout_s)), "-u", str(int(timeout_s)), "-w", ",".join(hosts), remote]
+    argv = ["pdsh", "-S", "-t", str(REMOTE_CONNECT_S), "-u", str(int(timeout_s)), "-w", ",".join(hosts), remote]
     try:
         done = subprocess.run(argv, env={**(os.environ if env is None else env), "PDSH_RCMD_TYPE": "ssh"},
                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s + 30)
