@@ -152,6 +152,22 @@ def test_node_judge_fails_a_node_whose_rank_was_killed_though_the_runner_exited_
     assert "dstk: cause: a rank was killed by SIGKILL" in done.stderr
 
 
+def test_a_node_with_a_stale_op_build_lock_fails_its_task_and_names_itself(tmp_path):
+    """Each Slurm task runs its node's launcher under the judge, on that node: a stale lock in the node's own
+    cache (the task's TORCH_EXTENSIONS_DIR) would hang its ranks; the task fails first, naming the node."""
+    lock = tmp_path / "ext" / "fused_adam" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    marker = tmp_path / "ran"
+    done = subprocess.run([sys.executable, "-m", "dstk.launch.slurm", "--ranks", "1", "--", sys.executable, "-c",
+                           f"open({str(marker)!r}, 'w')"], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")})
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith(f"dstk: on {socket.gethostname()}: error: stale op-build lock(s) in the torch "
+                                  f"extensions cache, left by a build that was killed: {lock}"), done.stderr
+    assert not marker.exists()
+
+
 def test_node_judge_counts_this_nodes_ranks(tmp_path):
     done = _node(tmp_path, [{"rank": 2, "returncode": 0, "host": "n1"}], runner_exit=0)
     assert done.returncode == 1

@@ -218,8 +218,8 @@ def node_main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sink("stderr", "dstk: stopped by a signal (scancel, a time limit, or another node failed)\n")
         return 128 + signal.SIGTERM
-    except DstkError as exc:
-        sink("stderr", "dstk: " + exc.render().replace("\n", "\ndstk: ") + "\n")
+    except DstkError as exc:  # this node's own problem (a stale op-build lock in its cache): say which node
+        sink("stderr", f"dstk: on {socket.gethostname()}: " + exc.render().replace("\n", "\ndstk: ") + "\n")
         return exc.exit_code
     if len(result.ranks) < args.ranks:
         lost = args.ranks - len(result.ranks)
