@@ -396,6 +396,55 @@ def test_runner_srun_ranks_init_distributed_and_train(slurm, run_dir, tmp_path, 
     assert "dstk: rank" not in done.stderr, done.stderr[-3000:]  # no rank failed or went missing
 
 
+@pytest.mark.distributed
+def test_runner_srun_ranks_refuse_to_start_on_a_stale_lock_in_their_cache(slurm, run_dir, tmp_path, free_port):
+    """Under `--launcher slurm` the runner's srun starts every rank directly: no dstk process runs on a node
+    before them to look at its cache. The ranks' wrapper does: with a stale op-build lock in the cache the
+    ranks use (here ``--env TORCH_EXTENSIONS_DIR``, which dstk's own check on this machine does not read),
+    each rank says so instead of starting its script, which DeepSpeed would have hung, and the launch fails
+    naming the rank."""
+    cache = tmp_path / "ranks_ext"
+    lock = cache / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    script = tmp_path / "dist_rank.py"
+    script.write_text(DIST_RANK)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text(f"{slurm.node} slots=2\n")
+    done = subprocess.run([sys.executable, "-m", "dstk", "launch", str(run_dir), "--hostfile", str(hostfile),
+                           "--launcher", "slurm", "--master-addr", "127.0.0.1", "--master-port", str(free_port),
+                           "--env", f"TORCH_EXTENSIONS_DIR={cache}", "--", str(script)],
+                          capture_output=True, text=True, env=_launcher_env(slurm), cwd=tmp_path,
+                          timeout=JOB_TIMEOUT_SECONDS)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-3000:]
+    for rank in (0, 1):
+        assert (f"[rank {rank}] dstk: stale op-build lock(s) in the torch extensions cache of {socket.gethostname()}, "
+                f"left by a build that was killed: {lock}") in out, out[-3000:]
+    assert "ALLREDUCE" not in out and re.search(r"^dstk: rank [01] on \S+ exited with code 1", out, re.M), out[-3000:]
+
+
+def test_a_rank_wrapper_does_not_start_its_script_on_a_stale_lock(tmp_path):
+    """The wrapper itself, both ways the runner starts it (``--exec`` under --no-prefix): exit 1 with the lock
+    and the rm that clears it, the report (rank 1, code 1) with the prefix, and the script never run."""
+    lock = tmp_path / "ext" / "cpu_adam" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    marker = tmp_path / "ran"
+    script = tmp_path / "script.py"
+    script.write_text(f"open({str(marker)!r}, 'w')\n")
+    env = {**os.environ, "RANK": "1", "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    for flags in ([], ["--exec"]):
+        done = subprocess.run([sys.executable, "-m", "dstk.launch.rank", *flags, str(script)], capture_output=True,
+                              text=True, env=env, timeout=60)
+        assert done.returncode == 1 and f"so remove them on that node: rm {lock}" in done.stderr, done.stderr
+        assert ('DSTK_RANK_EXIT {"rank": 1, "returncode": 1' in done.stdout) == (not flags), done.stdout
+        assert not marker.exists()
+    lock.unlink()  # gone: the script runs
+    assert subprocess.run([sys.executable, "-m", "dstk.launch.rank", str(script)], env=env, timeout=60,
+                          capture_output=True).returncode == 0 and marker.exists()
+
+
 def test_srun_rank_env_maps_slurms_task_variables():
     from dstk.launch.rank import srun_rank_env
 

@@ -167,14 +167,40 @@ def _pump(src, dst, prefix: bytes, watch=None) -> None:
     src.close()
 
 
+def stale_lock_message(*, environ=os.environ) -> str | None:
+    """What a rank says instead of starting when its node's torch extensions cache (its own
+    ``TORCH_EXTENSIONS_DIR``) holds a stale op-build lock (``dstk.launch.locks``): DeepSpeed would wait for
+    it forever, and under srun (``--launcher slurm``) nothing checked that node before. None: none there."""
+    from dstk.launch.locks import extensions_root, find_stale_locks
+
+    stale = find_stale_locks(extensions_root(environ))
+    if not stale:
+        return None
+    paths = " ".join(map(str, stale))
+    return (f"dstk: stale op-build lock(s) in the torch extensions cache of {socket.gethostname()}, left by a build "
+            f"that was killed: {paths}; DeepSpeed would wait for them forever, so this rank did not start\n"
+            f"  fix: no process holds them open, so remove them on that node: rm {paths}\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    stale = stale_lock_message()
     if argv[:1] == [RANK_EXEC_FLAG]:
+        if stale:
+            sys.stderr.write(stale)
+            return 1
         # only the variables, then the script in this process: srun sees its exit code and signals directly
         child = child_argv(argv[1:])
         os.execve(child[0], child, {**os.environ, **srun_rank_env()})
     rank = rank_from_env()
     prefix = f"[rank {rank if rank is not None else '?'}] ".encode()
+    if stale:
+        sys.stderr.buffer.write(b"".join(prefix + line.encode() + b"\n" for line in stale.splitlines()))
+        sys.stderr.flush()
+        report = {"rank": rank, "returncode": 1, "host": socket.gethostname(), "stopped": False}
+        sys.stdout.write(REPORT_TAG + json.dumps(report) + "\n")
+        sys.stdout.flush()
+        return 1
     proc = subprocess.Popen(child_argv(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, **srun_rank_env()})
     stopped: list[int] = []
