@@ -416,6 +416,21 @@ def sshd_fixture(*, scope: str = "module"):
     return sshd
 
 
+def ssh_with_env(server: "SshServer", directory: Path, **env: str) -> Path:
+    """A directory (made under ``directory``) holding an ``ssh`` that reaches ``server`` and sets ``env`` in the
+    remote commands' environment (ssh's SetEnv: a node's own login environment, which this machine's does not
+    reach; the test sshd accepts TORCH_EXTENSIONS_DIR), to put first on PATH."""
+    config = directory / "ssh_config"
+    set_env = "".join(f"    SetEnv {k}={v}\n" for k, v in env.items())
+    config.write_text((server.root / "ssh_config").read_text().replace("    BatchMode yes\n",
+                                                                        f"    BatchMode yes\n{set_env}"))
+    bin_dir = directory / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "ssh").write_text(f"#!/bin/sh\nexec {shutil.which('ssh')} -F {config} \"$@\"\n")
+    (bin_dir / "ssh").chmod(0o755)
+    return bin_dir
+
+
 def generate_tiny_run(root: Path, *flags: str, repo: Path, timeout_seconds: float = 120) -> Path:
     """The README's tiny example (``examples/intents/tiny-llama-cpu.yaml``) generated under ``root/run``
     with ``flags`` added (none: 1 node, 2 CPU ranks)."""

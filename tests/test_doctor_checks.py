@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dstk.launch import doctor, shm
-from tests.services import sshd_fixture
+from tests.services import ssh_with_env, sshd_fixture
 
 MIB, GIB = 2**20, 2**30
 VENV_BIN = Path(sys.executable).parent
@@ -218,13 +217,7 @@ def test_a_stale_lock_on_another_host_fails_its_check_and_skips_the_allreduce(ss
     lock = remote_cache / "py311_cpu" / "deepspeed_shm_comm" / "lock"
     lock.parent.mkdir(parents=True)
     lock.touch()
-    config = tmp_path / "ssh_config"
-    config.write_text((sshd.root / "ssh_config").read_text().replace(
-        "    BatchMode yes\n", f"    BatchMode yes\n    SetEnv TORCH_EXTENSIONS_DIR={remote_cache}\n"))
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "ssh").write_text(f"#!/bin/sh\nexec {shutil.which('ssh')} -F {config} \"$@\"\n")
-    (bin_dir / "ssh").chmod(0o755)
+    bin_dir = ssh_with_env(sshd, tmp_path, TORCH_EXTENSIONS_DIR=str(remote_cache))
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("localhost slots=1\n127.0.0.1 slots=1\n")
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TORCH_EXTENSIONS_DIR": str(tmp_path / "local_ext")}

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from dstk.launch.run import RankExit, parse_report
-from tests.services import generate_two_node_run, sshd_fixture
+from tests.services import generate_two_node_run, ssh_with_env, sshd_fixture
 
 REPO = Path(__file__).resolve().parent.parent
 TIMEOUT_SECONDS = 420  # a fresh machine builds DeepSpeed's ops on the first start (about 2 minutes)
@@ -96,20 +95,6 @@ def test_other_lines_are_not_reports(line):
     assert parse_report(line) is None
 
 
-def _ssh_with_env(tmp_path: Path, sshd, **env: str) -> Path:
-    """A directory holding an ``ssh`` that sets ``env`` in the remote commands' environment (ssh's SetEnv: a
-    node's own login environment, which this machine's does not reach), for PATH."""
-    config = tmp_path / "ssh_config"
-    set_env = "".join(f"    SetEnv {k}={v}\n" for k, v in env.items())
-    config.write_text((sshd.root / "ssh_config").read_text().replace("    BatchMode yes\n",
-                                                                      f"    BatchMode yes\n{set_env}"))
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "ssh").write_text(f"#!/bin/sh\nexec {shutil.which('ssh')} -F {config} \"$@\"\n")
-    (bin_dir / "ssh").chmod(0o755)
-    return bin_dir
-
-
 @pytest.mark.distributed
 def test_a_stale_lock_on_a_node_stops_the_launch_before_any_rank_starts(sshd, two_node_run, tmp_path, free_port):
     """Each node's torch extensions cache can be its own (a container's, a node-local /tmp), and this machine
@@ -122,7 +107,7 @@ def test_a_stale_lock_on_a_node_stops_the_launch_before_any_rank_starts(sshd, tw
     lock = node_cache / "py311_cpu" / "deepspeed_shm_comm" / "lock"
     lock.parent.mkdir(parents=True)
     lock.touch()
-    bin_dir = _ssh_with_env(tmp_path, sshd, TORCH_EXTENSIONS_DIR=str(node_cache))
+    bin_dir = ssh_with_env(sshd, tmp_path, TORCH_EXTENSIONS_DIR=str(node_cache))
     env = {**os.environ, **sshd.env, "PATH": f"{bin_dir}:{os.environ['PATH']}",
            "TORCH_EXTENSIONS_DIR": str(tmp_path / "this_machine_ext")}  # this machine's own cache: clean
 

@@ -24,7 +24,7 @@ from dstk.launch.allreduce import TAG as ALLREDUCE_TAG
 from dstk.errors import Stopped
 from dstk.launch.command import LaunchSpec
 from dstk.launch.hosts import Host
-from dstk.launch.locks import find_stale_locks
+from dstk.launch.locks import find_stale_locks, rm_command
 from dstk.launch.measure import TAG as MEASURE_TAG
 from dstk.launch.run import _PDSH_PREFIX_RE, run_plan, stop_guards
 from dstk.launch import shm
@@ -97,7 +97,7 @@ def check_locks() -> Check:
     if stale:
         return Check(name="op-build locks", status="fail", detail=f"stale: {' '.join(map(str, stale))}",
                      data={"stale": [str(p) for p in stale]},
-                     hint=f"no process holds them open; remove them: {shlex.join(['rm', *map(str, stale)])}")
+                     hint=f"no process holds them open; remove them: {rm_command(stale)}")
     return Check(name="op-build locks", status="ok", detail="no stale lock in the torch extensions cache")
 
 
@@ -113,7 +113,7 @@ def judge_host_locks(host: str, info: dict) -> Check | None:
         return Check(name=f"op-build locks@{host}", status="fail", detail=f"stale: {' '.join(stale)}",
                      data={"stale": stale},
                      hint=f"no process on {host} holds them open; remove them there: "
-                          f"{shlex.join(['ssh', host, shlex.join(['rm', *stale])])}")
+                          f"{rm_command(stale, host=host)}")
     return Check(name=f"op-build locks@{host}", status="ok",
                  detail=f"no stale lock in {info.get('extensions_root') or 'the torch extensions cache'}")
 

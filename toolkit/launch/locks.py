@@ -78,6 +78,12 @@ def find_stale_locks(root: Path | None = None) -> list[Path]:
     return [p for p in locks if str(p.resolve()) not in held and str(p) not in held]
 
 
+def rm_command(paths, *, host: str | None = None) -> str:
+    """The shell command that removes ``paths``: ``rm PATH...`` here, ``ssh HOST 'rm PATH...'`` on ``host``."""
+    rm = shlex.join(["rm", *map(str, paths)])
+    return rm if host is None else shlex.join(["ssh", host, rm])
+
+
 def check_op_locks(root: Path | None = None) -> None:
     """Raise a ``DstkError`` saying how to clear stale locks, instead of letting the launch hang."""
     stale = find_stale_locks(root)
@@ -86,7 +92,7 @@ def check_op_locks(root: Path | None = None) -> None:
         raise DstkError(
             f"stale op-build lock(s) in the torch extensions cache, left by a build that was killed: {listed}; "
             "DeepSpeed would wait for them forever",
-            hint=f"no process holds them open, so remove them: {shlex.join(['rm', *map(str, stale)])} "
+            hint=f"no process holds them open, so remove them: {rm_command(stale)} "
                  "(the op is rebuilt on the next start)")
 
 
@@ -140,7 +146,7 @@ def check_remote_op_locks(hosts, *, python: str, cwd: str, root: str | None = No
     stale = remote_stale_locks(hosts, python=python, cwd=cwd, root=root, env=env)
     if stale:
         listed = "; ".join(f"on {host}: {' '.join(paths)}" for host, paths in stale.items())
-        fixes = "; ".join(shlex.join(["ssh", host, shlex.join(["rm", *paths])]) for host, paths in stale.items())
+        fixes = "; ".join(rm_command(paths, host=host) for host, paths in stale.items())
         raise DstkError(
             f"stale op-build lock(s) in a node's torch extensions cache, left by a build that was killed ({listed}); "
             "DeepSpeed would wait for them forever on that node and the whole launch with it",

@@ -43,11 +43,9 @@ def probe() -> dict:
     except Exception as exc:
         info["errors"].append(f"deepspeed: {type(exc).__name__}: {exc}")
     try:
-        from dstk.launch.locks import extensions_root, find_stale_locks
-
         # a launch on this host would wait for these forever (dstk.launch.locks): the doctor names them per host
-        info["extensions_root"] = str(extensions_root())
-        info["stale_locks"] = [str(p) for p in find_stale_locks()]
+        found = stale_locks()
+        info["extensions_root"], info["stale_locks"] = found["root"], found["stale"]
     except Exception as exc:
         info["errors"].append(f"op-build locks: {type(exc).__name__}: {exc}")
     return info

@@ -171,15 +171,21 @@ def stale_lock_message(*, environ=os.environ) -> str | None:
     """What a rank says instead of starting when its node's torch extensions cache (its own
     ``TORCH_EXTENSIONS_DIR``) holds a stale op-build lock (``dstk.launch.locks``): DeepSpeed would wait for
     it forever, and under srun (``--launcher slurm``) nothing checked that node before. None: none there."""
-    from dstk.launch.locks import extensions_root, find_stale_locks
+    from dstk.launch.locks import extensions_root, find_stale_locks, rm_command
 
     stale = find_stale_locks(extensions_root(environ))
     if not stale:
         return None
-    paths = " ".join(map(str, stale))
     return (f"dstk: stale op-build lock(s) in the torch extensions cache of {socket.gethostname()}, left by a build "
-            f"that was killed: {paths}; DeepSpeed would wait for them forever, so this rank did not start\n"
-            f"  fix: no process holds them open, so remove them on that node: rm {paths}\n")
+            f"that was killed: {' '.join(map(str, stale))}; DeepSpeed would wait for them forever, so this rank did "
+            f"not start\n  fix: no process holds them open, so remove them on that node: {rm_command(stale)}\n")
+
+
+def _write_report(*, rank: int | None, returncode: int, stopped: bool) -> None:
+    """The ``DSTK_RANK_EXIT`` line ``run_launch`` reads (the module docstring)."""
+    report = {"rank": rank, "returncode": returncode, "host": socket.gethostname(), "stopped": stopped}
+    sys.stdout.write(REPORT_TAG + json.dumps(report) + "\n")
+    sys.stdout.flush()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,9 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     if stale:
         sys.stderr.buffer.write(b"".join(prefix + line.encode() + b"\n" for line in stale.splitlines()))
         sys.stderr.flush()
-        report = {"rank": rank, "returncode": 1, "host": socket.gethostname(), "stopped": False}
-        sys.stdout.write(REPORT_TAG + json.dumps(report) + "\n")
-        sys.stdout.flush()
+        _write_report(rank=rank, returncode=1, stopped=False)
         return 1
     proc = subprocess.Popen(child_argv(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, **srun_rank_env()})
@@ -224,9 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         t.join(timeout=5)
     if returncode == -signal.SIGABRT and teardown.aborted:
         returncode = 1  # the uncaught exception was the end (``UncaughtThenAbort``)
-    report = {"rank": rank, "returncode": returncode, "host": socket.gethostname(), "stopped": bool(stopped)}
-    sys.stdout.write(REPORT_TAG + json.dumps(report) + "\n")
-    sys.stdout.flush()
+    _write_report(rank=rank, returncode=returncode, stopped=bool(stopped))
     sys.stderr.flush()
     if returncode < 0:
         try:
